@@ -1,0 +1,3 @@
+from lota.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""Where a request points: path-style or virtual-hosted-style, bucket and key. No I/O.
+
+Path style is ``http://host:port/bucket/key``; virtual-hosted style is
+``http://bucket.<domain>:port/key``. The key is taken from the raw request target and
+percent-decoded exactly once, so keys such as ``a//b``, ``../../etc/x`` or ``%2F`` survive
+unchanged; nothing here (or anywhere) turns a key into a file path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote
+
+from lota.s3.errors import S3Error
+
+MAX_KEY_BYTES = 1024
+ADMIN_PREFIX = "/_lota/"
+
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_IPV4_RE = re.compile(r"\d+\.\d+\.\d+\.\d+")
+
+
+def is_valid_bucket_name(name: str) -> bool:
+    """S3's bucket naming rules for new buckets (3-63 chars, lowercase, no IP addresses)."""
+    return (
+        _BUCKET_RE.fullmatch(name) is not None
+        and ".." not in name
+        and ".-" not in name
+        and "-." not in name
+        and not _IPV4_RE.fullmatch(name)
+        and not name.startswith("xn--")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The S3 resource a request addresses; ``bucket`` and ``key`` are empty when absent."""
+
+    bucket: str
+    key: str
+    virtual_host: bool
+    # The path exactly as the client sent it (still percent-encoded), for signature checks.
+    raw_path: str
+    query: tuple[tuple[str, str], ...]
+
+    @property
+    def resource(self) -> str:
+        return f"/{self.bucket}/{self.key}" if self.key else f"/{self.bucket}"
+
+
+def split_target(raw_target: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """Split a raw request target into its raw path and decoded query pairs (order kept).
+
+    An absolute-form target (``http://host/path``, what clients send through a proxy)
+    must be accepted too (RFC 9112 section 3.2.2); its authority is the Host header's.
+    """
+    if raw_target.startswith(("http://", "https://")):
+        rest = raw_target.split("://", 1)[1]
+        slash = rest.find("/")
+        raw_target = rest[slash:] if slash >= 0 else "/"
+    raw_path, _, raw_query = raw_target.partition("?")
+    query = tuple(parse_qsl(raw_query, keep_blank_values=True))
+    return raw_path, query
+
+
+def parse_target(host: str, raw_target: str, domain: str) -> Target:
+    """Find bucket and key in a request; raise an :class:`S3Error` for malformed ones."""
+    raw_path, query = split_target(raw_target)
+    if not raw_path.startswith("/"):
+        raise S3Error("InvalidURI", "The request target must be an absolute path.")
+    try:
+        path = unquote(raw_path, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise S3Error("InvalidURI", "The key is not valid UTF-8.") from exc
+    hostname = _strip_port(host).lower()
+    suffix = "." + domain.lower() if domain else ""
+    if suffix and hostname.endswith(suffix) and len(hostname) > len(suffix):
+        bucket, key, virtual = hostname[: -len(suffix)], path[1:], True
+    else:
+        bucket, _, key = path[1:].partition("/")
+        virtual = False
+    if bucket and not is_valid_bucket_name(bucket):
+        raise S3Error("InvalidBucketName", "The specified bucket is not valid.", resource=bucket)
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise S3Error("KeyTooLongError", "Your key is too long.")
+    if "\x00" in key:
+        raise S3Error("InvalidURI", "Keys may not contain NUL.")
+    return Target(bucket=bucket, key=key, virtual_host=virtual, raw_path=raw_path, query=query)
+
+
+def _strip_port(host: str) -> str:
+    if host.startswith("["):
+        return host[: host.index("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

@@ -1,0 +1,117 @@
+"""The one error tree of LOTA. Every error that reaches a client is an :class:`S3Error`.
+
+::
+
+    LotaError                       anything LOTA raises on purpose
+    ├── S3Error                     reaches the client as S3 XML: status + Code + Message
+    │   ├── client errors (4xx)     InvalidRequest, InvalidArgument, InvalidRange,
+    │   │                           InvalidBucketName, KeyTooLongError, AccessDenied,
+    │   │                           SignatureDoesNotMatch, InvalidAccessKeyId, ...
+    │   └── server errors (5xx)     ServiceUnavailable (origin unreachable), InternalError
+    └── OriginError                 the origin could not be reached or broke off mid-stream;
+                                    translated once, at the boundary, to ServiceUnavailable
+                                    or an aborted response
+
+Errors are built with :func:`s3_error` (or the named helpers below) so that each S3 code
+has exactly one status. Foreign exceptions are translated once, where they enter
+(``raise s3_error(...) from exc``); ``asyncio.CancelledError`` is never caught.
+"""
+
+from __future__ import annotations
+
+from xml.sax.saxutils import escape
+
+# S3 error code -> HTTP status, from the S3 API reference "List of error codes".
+STATUS: dict[str, int] = {
+    "AccessDenied": 403,
+    "AuthorizationHeaderMalformed": 400,
+    "AuthorizationQueryParametersError": 400,
+    "BadDigest": 400,
+    "EntityTooLarge": 400,
+    "ExpiredToken": 400,
+    "IncompleteBody": 400,
+    "InternalError": 500,
+    "InvalidAccessKeyId": 403,
+    "InvalidArgument": 400,
+    "InvalidBucketName": 400,
+    "InvalidDigest": 400,
+    "InvalidRange": 416,
+    "InvalidRequest": 400,
+    "InvalidURI": 400,
+    "KeyTooLongError": 400,
+    "MalformedXML": 400,
+    "MethodNotAllowed": 405,
+    "MissingContentLength": 411,
+    "MissingSecurityHeader": 400,
+    "NoSuchBucket": 404,
+    "NoSuchKey": 404,
+    "NotImplemented": 501,
+    "PreconditionFailed": 412,
+    "RequestHeaderSectionTooLarge": 400,
+    "RequestTimeTooSkewed": 403,
+    "RequestTimeout": 400,
+    "ServiceUnavailable": 503,
+    "SignatureDoesNotMatch": 403,
+    "SlowDown": 503,
+    "XAmzContentSHA256Mismatch": 400,
+}
+
+
+class LotaError(Exception):
+    """Base of every error LOTA raises on purpose."""
+
+
+class S3Error(LotaError):
+    """An error answered to the client as S3 XML. Use :func:`s3_error` to build one."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int | None = None,
+        resource: str = "",
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status = status if status is not None else STATUS.get(code, 400)
+        self.resource = resource
+        self.extra = extra or {}
+
+    def to_xml(self, request_id: str = "") -> bytes:
+        parts = [
+            '<?xml version="1.0" encoding="UTF-8"?>\n<Error>',
+            f"<Code>{escape(self.code)}</Code>",
+            f"<Message>{escape(self.message)}</Message>",
+        ]
+        if self.resource:
+            parts.append(f"<Resource>{escape(self.resource)}</Resource>")
+        parts.extend(f"<{k}>{escape(v)}</{k}>" for k, v in self.extra.items())
+        if request_id:
+            parts.append(f"<RequestId>{escape(request_id)}</RequestId>")
+        parts.append("</Error>")
+        return "".join(parts).encode()
+
+
+class OriginError(LotaError):
+    """The origin could not be reached, or a response from it broke off."""
+
+
+def s3_error(code: str, message: str, **kwargs: object) -> S3Error:
+    """An :class:`S3Error` with the status S3 gives `code`."""
+    return S3Error(code, message, **kwargs)  # type: ignore[arg-type]
+
+
+def access_denied(message: str = "Access Denied") -> S3Error:
+    return S3Error("AccessDenied", message)
+
+
+def invalid_request(message: str) -> S3Error:
+    return S3Error("InvalidRequest", message)
+
+
+def invalid_argument(message: str, name: str = "", value: str = "") -> S3Error:
+    extra = {"ArgumentName": name, "ArgumentValue": value} if name else None
+    return S3Error("InvalidArgument", message, extra=extra)

@@ -1,0 +1,43 @@
+"""Install what the test suite needs from the system, once, before pytest runs.
+
+`make test` calls this so a fresh machine (and CI) needs nothing installed by hand:
+the Debian ``awscli`` package (the AWS CLI the tests drive) and PostgreSQL's server
+binaries (``initdb``, ``pg_ctl``) for the catalog tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+DEBIAN_PACKAGES = {"/usr/bin/aws": "awscli"}
+
+
+def missing_packages() -> list[str]:
+    return [pkg for path, pkg in DEBIAN_PACKAGES.items() if not Path(path).exists()]
+
+
+def main() -> int:
+    missing = missing_packages()
+    if not missing:
+        return 0
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        names = " ".join(missing)
+        print(f"tests need Debian packages: apt-get install {names}", file=sys.stderr)
+        return 1
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    print(f"installing {' '.join(missing)} (apt-get)...", flush=True)
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+        check=True,
+        env=env,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

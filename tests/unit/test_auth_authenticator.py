@@ -1,0 +1,246 @@
+"""The Authenticator: signature, operation and policy together, as the server calls it."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSPreparedRequest
+from botocore.config import Config
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from lota.auth import Authenticator, Authorized
+from lota.auth.sigv4 import RequestView
+from lota.clock import FakeClock
+from lota.config import AuthConfig, ConfigError
+from lota.s3.addressing import parse_target
+from lota.s3.errors import S3Error
+
+PRINCIPALS = {
+    "reader": '{"Statement":{"Effect":"Allow","Action":["s3:Get*","s3:List*"],"Resource":"*"}}',
+    "guarded": (
+        '{"Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"},'
+        '{"Effect":"Deny","Action":"s3:PutObject","Resource":"arn:aws:s3:::*/protected/*"}]}'
+    ),
+    "copier": (
+        '{"Statement":[{"Effect":"Allow","Action":"s3:PutObject","Resource":"arn:aws:s3:::dst/*"},'
+        '{"Effect":"Allow","Action":"s3:GetObject","Resource":"arn:aws:s3:::src/public/*"}]}'
+    ),
+    "nopolicy": None,
+}
+
+
+class Captured(Exception):
+    def __init__(self, request: AWSPreparedRequest) -> None:
+        super().__init__("captured")
+        self.request = request
+
+
+@pytest.fixture
+def credentials(tmp_path: Path) -> Path:
+    entries = []
+    for name, policy in PRINCIPALS.items():
+        entry = (
+            f'[[principal]]\nname = "{name}"\naccess_key_id = "AK{name.upper()}"\n'
+            f'secret_access_key = "{name}-secret"\n'
+        )
+        if policy is not None:
+            entry += f"policy = '{policy}'\n"
+        entries.append(entry)
+    path = tmp_path / "credentials.toml"
+    path.write_text("\n".join(entries))
+    return path
+
+
+def signed(
+    principal: str, call: Callable[[Any], object], endpoint: str = "http://lota.test:9000"
+) -> tuple[RequestView, str, str, float, AWSPreparedRequest]:
+    """A boto3 request from `principal`, as the server sees it: view, bucket, key, time."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=f"AK{principal.upper()}",
+        aws_secret_access_key=f"{principal}-secret",
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1}),
+    )
+
+    def stop(request: AWSPreparedRequest, **_: object) -> None:
+        raise Captured(request)
+
+    client.meta.events.register("before-send.s3", stop)
+    try:
+        call(client)
+    except Captured as captured:
+        request = captured.request
+    parts = urlsplit(request.url)
+    target = parse_target(parts.netloc, parts.path + ("?" + parts.query if parts.query else ""), "")
+    headers = CIMultiDict(
+        (k, v.decode() if isinstance(v, bytes) else v) for k, v in request.headers.items()
+    )
+    assert request.method is not None
+    view = RequestView(request.method, target.raw_path, target.query, CIMultiDictProxy(headers))
+    stamp = datetime.strptime(headers["x-amz-date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    return view, target.bucket, target.key, stamp.timestamp(), request
+
+
+def authenticate(credentials: Path, principal: str, call: Callable[[Any], object]) -> Authorized:
+    view, bucket, key, when, _ = signed(principal, call)
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
+    return auth.authenticate(view, bucket, key)
+
+
+def denied(credentials: Path, principal: str, call: Callable[[Any], object]) -> S3Error:
+    with pytest.raises(S3Error) as info:
+        authenticate(credentials, principal, call)
+    return info.value
+
+
+def test_reader_may_read_and_list(credentials: Path) -> None:
+    authorized = authenticate(
+        credentials, "reader", lambda s3: s3.get_object(Bucket="bkt", Key="k")
+    )
+    assert authorized.principal is not None
+    assert authorized.principal.name == "reader"
+    assert authorized.operation.name == "GetObject"
+    assert authorized.verified is not None
+    assert (
+        authenticate(
+            credentials, "reader", lambda s3: s3.list_objects_v2(Bucket="bkt")
+        ).operation.name
+        == "ListObjectsV2"
+    )
+
+
+def test_reader_may_not_write(credentials: Path) -> None:
+    error = denied(
+        credentials, "reader", lambda s3: s3.put_object(Bucket="bkt", Key="k", Body=b"x")
+    )
+    assert (error.code, error.status) == ("AccessDenied", 403)
+
+
+def test_explicit_deny_under_protected_prefix(credentials: Path) -> None:
+    assert authenticate(
+        credentials, "guarded", lambda s3: s3.put_object(Bucket="bkt", Key="free/k", Body=b"x")
+    )
+    error = denied(
+        credentials, "guarded", lambda s3: s3.put_object(Bucket="bkt", Key="protected/k", Body=b"x")
+    )
+    assert error.code == "AccessDenied"
+    assert authenticate(
+        credentials, "guarded", lambda s3: s3.get_object(Bucket="bkt", Key="protected/k")
+    )
+
+
+def test_multipart_upload_parts_are_puts(credentials: Path) -> None:
+    error = denied(
+        credentials,
+        "guarded",
+        lambda s3: s3.upload_part(
+            Bucket="bkt", Key="protected/k", UploadId="u", PartNumber=1, Body=b"x"
+        ),
+    )
+    assert error.code == "AccessDenied"
+
+
+def test_principal_without_policy_is_denied(credentials: Path) -> None:
+    assert denied(credentials, "nopolicy", lambda s3: s3.list_buckets()).code == "AccessDenied"
+
+
+def test_copy_needs_read_permission_on_the_source(credentials: Path) -> None:
+    ok = authenticate(
+        credentials,
+        "copier",
+        lambda s3: s3.copy_object(Bucket="dst", Key="k", CopySource="src/public/a"),
+    )
+    assert ok.operation.copy_source == ("src", "public/a")
+    error = denied(
+        credentials,
+        "copier",
+        lambda s3: s3.copy_object(Bucket="dst", Key="k", CopySource="src/private/a"),
+    )
+    assert error.code == "AccessDenied"
+    versioned = denied(
+        credentials,
+        "copier",
+        lambda s3: s3.copy_object(
+            Bucket="dst", Key="k", CopySource={"Bucket": "src", "Key": "public/a", "VersionId": "v"}
+        ),
+    )
+    assert versioned.code == "AccessDenied"  # needs s3:GetObjectVersion, not granted
+
+
+def test_bad_signature_is_refused_before_policy(credentials: Path) -> None:
+    view, bucket, key, when, _ = signed("reader", lambda s3: s3.get_object(Bucket="bkt", Key="k"))
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
+    tampered = RequestView(view.method, "/bkt/other", view.query, view.headers)
+    with pytest.raises(S3Error) as info:
+        auth.authenticate(tampered, bucket, "other")
+    assert info.value.code == "SignatureDoesNotMatch"
+    late = Authenticator(
+        AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when + 3600)
+    )
+    with pytest.raises(S3Error) as info:
+        late.authenticate(view, bucket, key)
+    assert info.value.code == "RequestTimeTooSkewed"
+
+
+def test_per_key_checks_for_delete_objects(credentials: Path) -> None:
+    view, bucket, key, when, _ = signed(
+        "guarded", lambda s3: s3.delete_objects(Bucket="bkt", Delete={"Objects": [{"Key": "a"}]})
+    )
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
+    authorized = auth.authenticate(view, bucket, key)
+    assert authorized.operation.name == "DeleteObjects"
+    assert auth.allows(authorized, "s3:DeleteObject", "arn:aws:s3:::bkt/a")
+    assert not auth.allows(authorized, "s3:PutObject", "arn:aws:s3:::bkt/protected/a")
+
+
+def test_decoder_for_a_streaming_upload(credentials: Path) -> None:
+    payload = b"0123456789" * 10000
+    view, bucket, key, when, request = signed(
+        "guarded",
+        lambda s3: s3.put_object(Bucket="bkt", Key="k", Body=io.BytesIO(payload)),
+        endpoint="https://lota.test:9000",
+    )
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
+    authorized = auth.authenticate(view, bucket, key)
+    decoder = auth.decoder(view, authorized)
+    wire = request.body.read()  # type: ignore[union-attr]
+    out = b"".join(decoder.feed(wire[i : i + 1000]) for i in range(0, len(wire), 1000))
+    decoder.finish()
+    assert out == payload
+    assert set(decoder.trailers) == {"x-amz-checksum-crc32"}
+
+
+def test_auth_off_accepts_anyone_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="lota.auth"):
+        auth = Authenticator(AuthConfig(mode="none"), FakeClock())
+    assert any(
+        r.levelno == logging.WARNING and "AUTHENTICATION IS OFF" in r.getMessage()
+        for r in caplog.records
+    )
+    anonymous = RequestView(
+        "PUT", "/b/k", (), CIMultiDictProxy(CIMultiDict({"content-length": "3"}))
+    )
+    authorized = auth.authenticate(anonymous, "b", "k")
+    assert (authorized.principal, authorized.verified) == (None, None)
+    assert authorized.operation.name == "PutObject"
+    assert auth.allows(authorized, "s3:DeleteBucket", "arn:aws:s3:::bkt")
+    decoder = auth.decoder(anonymous, authorized)
+    decoder.feed(b"ab")
+    with pytest.raises(S3Error) as info:
+        decoder.finish()
+    assert info.value.code == "IncompleteBody"
+
+
+def test_sigv4_mode_needs_a_readable_credentials_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        Authenticator(AuthConfig(mode="sigv4", credentials=str(tmp_path / "missing")), FakeClock())
