@@ -1,0 +1,116 @@
+"""Shared set-up for benchmarks and the demo: an embedded origin behind an emulated WAN,
+LOTA nodes in front of it, and small helpers to measure and print."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
+from lota.embedded import EmbeddedOrigin
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class Setup:
+    origin: EmbeddedOrigin
+    node: LotaProcess
+    workdir: Path
+
+    def client(self, direct: bool = False) -> Any:
+        if direct:
+            return boto3.client(
+                "s3",
+                endpoint_url=self.origin.endpoint,
+                aws_access_key_id=self.origin.access_key_id,
+                aws_secret_access_key=self.origin.secret_access_key,
+                region_name="us-east-1",
+            )
+        key, secret, _ = PRINCIPALS["admin"]
+        return boto3.client(
+            "s3",
+            endpoint_url=self.node.url,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            region_name="us-east-1",
+        )
+
+
+@asynccontextmanager
+async def lota_with_origin(
+    *,
+    latency: float = 0.010,
+    bandwidth: float | None = None,
+    cache_size: str = "20GiB",
+    cache: bool = True,
+    auth: str = "sigv4",
+) -> AsyncIterator[Setup]:
+    """An embedded origin `latency` seconds away (one way) and one LOTA node in front of it."""
+    with tempfile.TemporaryDirectory(prefix="lota-bench-") as tmp:
+        work = Path(tmp)
+        async with EmbeddedOrigin(latency=latency, bandwidth=bandwidth) as origin:
+            config = work / "lota.toml"
+            lines = []
+            if cache:
+                lines += [
+                    "[cache]",
+                    f'dirs = ["{work / "cache"}"]',
+                    f'size = "{cache_size}"',
+                    'revalidate_after = "1h"',
+                ]
+            credentials = write_credentials(work / "credentials.toml")
+            lines += ["[auth]", f'mode = "{auth}"', f'credentials = "{credentials}"']
+            lines += ["[regions.us-east]", f'endpoint = "{origin.endpoint}"']
+            config.write_text("\n".join(lines) + "\n")
+            node = LotaProcess(["--config", str(config)], log_path=work / "lota.log").start()
+            try:
+                yield Setup(origin, node, work)
+            finally:
+                node.stop()
+
+
+def percentiles(samples: Sequence[float]) -> dict[str, float]:
+    """p50/p99/p99.9 in milliseconds."""
+    ordered = sorted(samples)
+    if not ordered:
+        return {"p50": 0.0, "p99": 0.0, "p99.9": 0.0}
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    return {"p50": statistics.median(ordered) * 1000, "p99": at(0.99), "p99.9": at(0.999)}
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table."""
+
+    def fmt(v: Any) -> str:
+        return f"{v:,.2f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def save(name: str, data: Any) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident set size of a process (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0

@@ -1,0 +1,340 @@
+"""Filling the cache from the origin: single flight per chunk, readers follow fills live.
+
+A :class:`FillJob` is one streaming origin GET that fills a run of consecutive chunks of
+one object, in order, into the store. Each chunk it will write is registered as a
+:class:`ChunkFill` before any byte arrives, so every other reader who needs that chunk
+waits for it instead of asking the origin again (single flight), and streams its bytes
+from the chunk's file as they land, without waiting for the chunk or the object to
+finish. Jobs run as tasks owned by the :class:`Filler`, not by the request that started
+them: a client that goes away does not stop a fill others are waiting for.
+
+When a chunk cannot be stored (no room, disk error), its fill is marked failed and its
+readers fetch the bytes they still need straight from the origin: the client never sees
+an error because of the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from lota.cache.store import CachedObject, CacheStore, CacheWriteError, ChunkWriter, ObjectMeta
+from lota.clock import Clock
+from lota.metrics import Metrics
+from lota.regions.origin import OriginClient
+from lota.s3.errors import LotaError, OriginError
+from lota.tasks import TaskGroup
+
+log = logging.getLogger("lota.cache")
+
+READ_SIZE = 256 * 1024
+ERROR_BODY_LIMIT = 64 * 1024
+
+# Response headers that describe the object itself and are replayed on hits.
+_OBJECT_HEADERS = (
+    "content-type",
+    "content-encoding",
+    "content-disposition",
+    "content-language",
+    "cache-control",
+    "expires",
+    "etag",
+    "last-modified",
+    "x-amz-version-id",
+    "x-amz-storage-class",
+    "x-amz-server-side-encryption",
+    "x-amz-server-side-encryption-aws-kms-key-id",
+    "x-amz-server-side-encryption-bucket-key-enabled",
+    "x-amz-tagging-count",
+    "x-amz-website-redirect-location",
+    "x-amz-object-lock-mode",
+    "x-amz-object-lock-retain-until-date",
+    "x-amz-object-lock-legal-hold",
+    "x-amz-replication-status",
+    "x-amz-restore",
+    "x-amz-checksum-type",
+)
+
+
+@dataclass(slots=True)
+class OriginReply:
+    """A non-success origin answer (404, 403, 416...), kept so every waiter can relay it."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def object_meta(
+    bucket: str, key: str, response: aiohttp.ClientResponse, validated_at: float
+) -> ObjectMeta:
+    """What the store keeps about an object, from a 200/206 GET or a HEAD response."""
+    headers = response.headers
+    size = _total_size(headers)
+    keep = [
+        (name.lower(), value)
+        for name, value in headers.items()
+        if name.lower() in _OBJECT_HEADERS
+        or name.lower().startswith("x-amz-meta-")
+        or (name.lower().startswith("x-amz-checksum-") and response.status == 200)
+    ]
+    return ObjectMeta(
+        bucket=bucket,
+        key=key,
+        etag=headers.get("etag", ""),
+        size=size,
+        last_modified=headers.get("last-modified", ""),
+        headers=tuple(keep),
+        version_id=headers.get("x-amz-version-id", ""),
+        validated_at=validated_at,
+    )
+
+
+def _total_size(headers: Mapping[str, str]) -> int:
+    content_range = headers.get("content-range", "")
+    if "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        if total.isdigit():
+            return int(total)
+    return int(headers.get("content-length", "0"))
+
+
+class ChunkFill:
+    """One chunk on its way into the store; readers follow ``written`` as it grows."""
+
+    def __init__(self, index: int, length: int) -> None:
+        self.index = index
+        self.length = length
+        self.path: str | None = None
+        self.written = 0
+        self.finished = False
+        self.failed = False
+        self._progress = asyncio.Event()
+
+    def _pulse(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    def advance(self, written: int) -> None:
+        self.written = written
+        self._pulse()
+
+    def finish(self, ok: bool) -> None:
+        self.finished = True
+        self.failed = not ok
+        self._pulse()
+
+    async def wait(self) -> None:
+        """Until more bytes are written, or the fill ends."""
+        if not self.finished:
+            await self._progress.wait()
+
+
+@dataclass(eq=False)
+class FillJob:
+    """One origin GET filling chunks ``first``.. of an object (to ``last`` or the end)."""
+
+    bucket: str
+    key: str
+    first: int
+    last: int | None
+    known: CachedObject | None
+    # (chunk index, its fill) for every chunk in the job; None where another holds it.
+    claimed: list[tuple[int, ChunkFill | None]] = field(default_factory=list)
+    etag: str = ""
+    region: str = ""
+    result: asyncio.Future[CachedObject | OriginReply] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    # Set when the job has ended, whatever the outcome.
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Filler:
+    """Starts fill jobs and knows every chunk in flight (the single-flight registry)."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        chunk_size: int,
+        metrics: Metrics,
+        clock: Clock,
+        tasks: TaskGroup,
+    ) -> None:
+        self.store = store
+        self.chunk_size = chunk_size
+        self._metrics = metrics
+        self._clock = clock
+        self._tasks = tasks
+        self._fills: dict[tuple[str, str, str, int], ChunkFill] = {}
+        self._cold: dict[tuple[str, str], FillJob] = {}
+
+    def fill_for(self, obj: CachedObject, index: int) -> ChunkFill | None:
+        m = obj.meta
+        return self._fills.get((m.bucket, m.key, m.etag, index))
+
+    def cold_job(self, bucket: str, key: str) -> FillJob | None:
+        """A job fetching an object whose metadata is not known yet, if one is running."""
+        return self._cold.get((bucket, key))
+
+    def start(
+        self,
+        origin: OriginClient,
+        bucket: str,
+        key: str,
+        first: int,
+        last: int | None,
+        known: CachedObject | None = None,
+    ) -> FillJob:
+        """Fetch chunks first..last (None: to the end) from the origin in one GET."""
+        if known is None and (pending := self._cold.get((bucket, key))) is not None:
+            return pending
+        job = FillJob(bucket, key, first, last, known, region=origin.region.name)
+        if known is None:
+            self._cold[(bucket, key)] = job
+        else:
+            self._register(job, known)
+        self._tasks.start(self._run(origin, job), f"fill {bucket}/{key}#{first}")
+        return job
+
+    def _register(self, job: FillJob, obj: CachedObject) -> None:
+        """Claim the chunks of `job` that nobody holds or fills; None marks the others."""
+        m = obj.meta
+        job.etag = m.etag
+        count = -(-m.size // self.chunk_size)
+        job.last = count - 1 if job.last is None else min(job.last, count - 1)
+        for index in range(job.first, job.last + 1):
+            ident = (m.bucket, m.key, m.etag, index)
+            if ident in self._fills or self.store.has_chunk(obj, index):
+                job.claimed.append((index, None))
+                continue
+            fill = ChunkFill(index, self.chunk_length(m.size, index))
+            self._fills[ident] = fill
+            job.claimed.append((index, fill))
+
+    def chunk_length(self, size: int, index: int) -> int:
+        return max(0, min(self.chunk_size, size - index * self.chunk_size))
+
+    async def _run(self, origin: OriginClient, job: FillJob) -> None:
+        started = time.perf_counter()
+        try:
+            await self._fetch(origin, job)
+        except asyncio.CancelledError:
+            self._fail(job, OriginError("fill cancelled"))
+            raise
+        except (LotaError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("fill of %s/%s failed: %r", job.bucket, job.key, exc)
+            self._fail(job, exc)
+        finally:
+            job.done.set()
+            if self._cold.get((job.bucket, job.key)) is job:
+                del self._cold[(job.bucket, job.key)]
+            self._metrics.cache_fill_seconds.observe(time.perf_counter() - started)
+
+    async def _fetch(self, origin: OriginClient, job: FillJob) -> None:
+        headers = {"x-amz-checksum-mode": "ENABLED"}
+        if job.known is not None:
+            headers["if-match"] = job.known.meta.etag
+        start = job.first * self.chunk_size
+        if job.last is not None:
+            headers["range"] = f"bytes={start}-{(job.last + 1) * self.chunk_size - 1}"
+        elif start:
+            headers["range"] = f"bytes={start}-"
+        async with origin.request("GET", job.bucket, job.key, headers=headers) as response:
+            if response.status not in (200, 206):
+                body = await response.content.read(ERROR_BODY_LIMIT)
+                reply = OriginReply(response.status, list(response.headers.items()), body)
+                if job.known is not None and response.status == 412:
+                    await self.store.invalidate(job.bucket, job.key)
+                self._finish_result(job, reply)
+                self._fail(job, OriginError(f"origin answered {response.status}"))
+                return
+            meta = object_meta(job.bucket, job.key, response, self._clock.time())
+            if job.known is None:
+                obj = await self.store.admit(meta)
+                self._register(job, obj)
+                del self._cold[(job.bucket, job.key)]
+            else:
+                obj = job.known
+            self._finish_result(job, obj)
+            await self._copy(response, obj, job)
+
+    async def _copy(
+        self, response: aiohttp.ClientResponse, obj: CachedObject, job: FillJob
+    ) -> None:
+        """Copy the response body into the claimed chunks, skipping the unclaimed ones."""
+        for index, fill in job.claimed:
+            if fill is None:
+                await _skip(response, self.chunk_length(obj.meta.size, index))
+            else:
+                await self._fill_chunk(response, obj, fill, job)
+
+    async def _fill_chunk(
+        self, response: aiohttp.ClientResponse, obj: CachedObject, fill: ChunkFill, job: FillJob
+    ) -> None:
+        writer = await self.store.begin_chunk(obj, fill.index)
+        if writer is None:
+            self._metrics.cache_bypassed_fills.inc()
+            self._done(obj, fill, ok=False)
+            await _skip(response, fill.length)
+            return
+        fill.path = writer.path
+        try:
+            await self._write(response, writer, fill, job.region)
+            await writer.commit()
+        except CacheWriteError as exc:
+            log.warning("cache write failed, serving from origin: %r", exc)
+            await writer.abort()
+            self._done(obj, fill, ok=False)
+            await _skip(response, fill.length - fill.written)
+            return
+        except BaseException:
+            await writer.abort()
+            raise
+        self._metrics.cache_fill_bytes.inc(fill.length)
+        self._done(obj, fill, ok=True)
+
+    async def _write(
+        self, response: aiohttp.ClientResponse, writer: ChunkWriter, fill: ChunkFill, region: str
+    ) -> None:
+        while fill.written < fill.length:
+            piece = await response.content.read(min(READ_SIZE, fill.length - fill.written))
+            if not piece:
+                raise OriginError("origin body ended early")
+            self._metrics.origin_bytes_in.labels(region).inc(len(piece))
+            await writer.write(piece)
+            fill.advance(fill.written + len(piece))
+
+    def _done(self, obj: CachedObject, fill: ChunkFill, *, ok: bool) -> None:
+        m = obj.meta
+        self._fills.pop((m.bucket, m.key, m.etag, fill.index), None)
+        fill.finish(ok)
+
+    def _finish_result(self, job: FillJob, result: CachedObject | OriginReply) -> None:
+        if not job.result.done():
+            job.result.set_result(result)
+
+    def _fail(self, job: FillJob, exc: BaseException) -> None:
+        if not job.result.done():
+            job.result.set_exception(OriginError(str(exc)))
+            job.result.exception()  # retrieved: waiters may all be gone
+        for index, fill in job.claimed:
+            if fill is not None and not fill.finished:
+                ident = (job.bucket, job.key, job.etag, index)
+                if self._fills.get(ident) is fill:
+                    del self._fills[ident]
+                fill.finish(False)
+
+
+async def _skip(response: aiohttp.ClientResponse, length: int) -> None:
+    """Read and drop `length` bytes of the response (a chunk someone else has)."""
+    while length > 0:
+        piece = await response.content.read(min(READ_SIZE, length))
+        if not piece:
+            raise OriginError("origin body ended early")
+        length -= len(piece)

@@ -1,0 +1,290 @@
+"""The chunk store's persistent index: SQLite in WAL mode, on one dedicated thread.
+
+The store keeps the whole index in memory and is its only reader; SQLite is the journal
+that lets the cache survive a restart. So the index is written, never queried, while the
+store runs: changes are queued on the event loop and committed by a background task in
+batches (every ``batch_delay`` seconds, or at once past ``batch_ops`` changes), one
+transaction each, on the index thread.
+
+Crash safety rests on one ordering rule kept by the store: a chunk row is queued only
+after its file has been renamed to its final name. A crash can lose the last batch; that
+leaves files without rows (orphans, swept after the restart), never rows without complete
+files. ``synchronous=NORMAL`` keeps that true after a power loss too: WAL mode may then
+lose the last commits, but not consistency.
+
+Tables: ``objects`` (one row per cached object: identity, size, headers to replay, parts
+layout), ``chunks`` (object stem, index, directory number, length, xxh3-64 digest; rowid
+order is fill order, which the store replays into its eviction queues) and ``meta``
+(schema version, chunk size, directory list). Whether a chunk is pinned is not stored: it
+follows from the configured pinned prefixes, so changing them takes effect at restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import groupby
+from typing import Any, TypeVar
+
+log = logging.getLogger("lota.cache")
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = "1"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS objects (
+    stem TEXT PRIMARY KEY,
+    bucket TEXT NOT NULL,
+    key TEXT NOT NULL,
+    etag TEXT NOT NULL,
+    version_id TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    last_modified TEXT NOT NULL,
+    headers TEXT NOT NULL,
+    validated_at REAL NOT NULL,
+    parts TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunks (
+    stem TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    dir INTEGER NOT NULL,
+    length INTEGER NOT NULL,
+    digest INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS chunks_by_object ON chunks (stem, idx);
+"""
+_PUT_OBJECT = "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_DELETE_OBJECT = "DELETE FROM objects WHERE stem = ?"
+_DELETE_OBJECT_CHUNKS = "DELETE FROM chunks WHERE stem = ?"
+_PUT_CHUNK = "INSERT OR REPLACE INTO chunks (stem, idx, dir, length, digest) VALUES (?, ?, ?, ?, ?)"
+_DELETE_CHUNK = "DELETE FROM chunks WHERE stem = ? AND idx = ?"
+
+ObjectRow = tuple[str, str, str, str, str, int, str, str, float, str]
+ChunkRow = tuple[str, int, int, int, int]
+_Op = tuple[str, tuple[Any, ...]]
+
+
+class Index:
+    """Owns the SQLite connection, its thread, and the queue of changes not yet committed."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        chunk_size: int,
+        dirs: Sequence[str],
+        wal_limit: int = 8 * 1024**2,
+        batch_delay: float = 0.05,
+        batch_ops: int = 1000,
+    ) -> None:
+        self.path = path
+        self._chunk_size = chunk_size
+        self._dirs = [os.path.realpath(d) for d in dirs]
+        self._wal_limit = wal_limit
+        self._batch_delay = batch_delay
+        self._batch_ops = batch_ops
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="lota-cache-index")
+        self._conn: sqlite3.Connection | None = None
+        self._ops: list[_Op] = []
+        self._queued = asyncio.Event()
+        self._full = asyncio.Event()
+        self.bytes = 0
+        """Bytes of the index, its WAL and shared-memory file, as of the last commit."""
+        self.errors = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._ops)
+
+    async def open(self) -> None:
+        """Open (or create, or recreate if unreadable) the index; measure it."""
+        self.bytes = await self._call(self._open)
+
+    def object_rows(self, batch: int = 20_000) -> AsyncIterator[list[ObjectRow]]:
+        """The object rows, a batch at a time. Start-up only, before anything is queued."""
+        return self._rows("SELECT * FROM objects", batch)
+
+    def chunk_rows(self, batch: int = 50_000) -> AsyncIterator[list[ChunkRow]]:
+        """The chunk rows in fill order, digests as stored (signed), a batch at a time.
+        Start-up only, before anything is queued."""
+        sql = "SELECT stem, idx, dir, length, digest FROM chunks ORDER BY rowid"
+        return self._rows(sql, batch)
+
+    async def _rows(self, sql: str, batch: int) -> AsyncIterator[list[Any]]:
+        """Rows of `sql` in batches; the next batch is read while the caller works on this
+        one, and a large index never sits in memory twice."""
+        cursor = await self._call(self._connection().execute, sql)
+        pending = self._call(cursor.fetchmany, batch)
+        try:
+            while rows := await pending:
+                pending = self._call(cursor.fetchmany, batch)
+                yield rows
+        finally:
+            await asyncio.gather(pending, return_exceptions=True)
+            await self._call(cursor.close)
+
+    def put_object(self, row: ObjectRow) -> None:
+        self._queue(_PUT_OBJECT, row)
+
+    def delete_object(self, stem: str) -> None:
+        self._queue(_DELETE_OBJECT_CHUNKS, (stem,))
+        self._queue(_DELETE_OBJECT, (stem,))
+
+    def put_chunk(self, stem: str, index: int, dir_no: int, length: int, digest: int) -> None:
+        signed = digest - (1 << 64) if digest >= 1 << 63 else digest
+        self._queue(_PUT_CHUNK, (stem, index, dir_no, length, signed))
+
+    def delete_chunk(self, stem: str, index: int) -> None:
+        self._queue(_DELETE_CHUNK, (stem, index))
+
+    async def run(self) -> None:
+        """Commit queued changes in batches until cancelled (the store's task owns this)."""
+        while True:
+            await self._queued.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self._batch_delay)
+            try:
+                await self.flush()
+            except Exception:  # keep committing later batches whatever happened to this one
+                self.errors += 1
+                log.exception("cache index commit failed")
+                await asyncio.sleep(1.0)
+
+    async def flush(self) -> None:
+        """Commit everything queued so far."""
+        ops, self._ops = self._ops, []
+        self._queued.clear()
+        self._full.clear()
+        self.bytes = await self._call(self._commit, ops)
+
+    async def backpressure(self) -> None:
+        """Wait for a commit when far more changes are queued than one batch holds."""
+        if len(self._ops) > 20 * self._batch_ops:
+            await self.flush()
+
+    async def close(self) -> None:
+        """Commit what is queued, checkpoint the WAL into the index, close, stop the thread."""
+        try:
+            await self.flush()
+            await self._call(self._close)
+        finally:
+            self._thread.shutdown(wait=True)
+
+    def _queue(self, sql: str, params: tuple[Any, ...]) -> None:
+        self._ops.append((sql, params))
+        self._queued.set()
+        if len(self._ops) >= self._batch_ops:
+            self._full.set()
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    # Everything below runs on the index thread.
+
+    def _open(self) -> int:
+        try:
+            return self._load()
+        except sqlite3.DatabaseError as exc:
+            log.error("cache index %s is unreadable, starting empty: %s", self.path, exc)
+            self._discard_files()
+            return self._load()
+
+    def _load(self) -> int:
+        conn = self._conn = sqlite3.connect(self.path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(f"PRAGMA journal_size_limit={self._wal_limit}")
+        conn.execute(f"PRAGMA wal_autocheckpoint={max(16, self._wal_limit // 4096)}")
+        conn.executescript(_SCHEMA)
+        self._reconcile_meta(conn)
+        return self._measure()
+
+    def _reconcile_meta(self, conn: sqlite3.Connection) -> None:
+        """Drop what a changed chunk size invalidates; renumber chunks if the dirs changed."""
+        meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
+        conn.execute("BEGIN")
+        if meta.get("version", SCHEMA_VERSION) != SCHEMA_VERSION or meta.get(
+            "chunk_size", str(self._chunk_size)
+        ) != str(self._chunk_size):
+            log.warning("cache layout changed: dropping the whole index %s", self.path)
+            conn.execute("DELETE FROM chunks")
+            conn.execute("DELETE FROM objects")
+        old_dirs = json.loads(meta.get("dirs", "null")) or self._dirs
+        if old_dirs != self._dirs:
+            self._renumber(conn, old_dirs)
+        values = {"version": SCHEMA_VERSION, "chunk_size": str(self._chunk_size)}
+        values["dirs"] = json.dumps(self._dirs)
+        conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
+        conn.execute("COMMIT")
+
+    def _renumber(self, conn: sqlite3.Connection, old_dirs: list[str]) -> None:
+        log.warning("cache dirs changed from %s to %s: renumbering chunks", old_dirs, self._dirs)
+        mapping = {i: self._dirs.index(d) for i, d in enumerate(old_dirs) if d in self._dirs}
+        conn.execute("CREATE TEMP TABLE dirmap (old INTEGER PRIMARY KEY, new INTEGER)")
+        conn.executemany("INSERT INTO dirmap VALUES (?, ?)", mapping.items())
+        conn.execute("DELETE FROM chunks WHERE dir NOT IN (SELECT old FROM dirmap)")
+        conn.execute("UPDATE chunks SET dir = (SELECT new FROM dirmap WHERE old = chunks.dir)")
+        conn.execute("DROP TABLE dirmap")
+
+    def _commit(self, ops: list[_Op]) -> int:
+        if ops:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN")
+                for sql, group in groupby(ops, key=lambda op: op[0]):
+                    conn.executemany(sql, [params for _, params in group])
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # The rows are lost, not the cache: their files become orphans to sweep.
+                self.errors += 1
+                log.error("cache index commit of %d changes failed: %s", len(ops), exc)
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+        return self._checkpoint_if_big()
+
+    def _checkpoint_if_big(self) -> int:
+        size = self._measure()
+        if _file_size(self.path + "-wal") > self._wal_limit:
+            try:
+                self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                log.warning("cache index checkpoint failed: %s", exc)
+            size = self._measure()
+        return size
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.close()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("cache index is not open")
+        return self._conn
+
+    def _measure(self) -> int:
+        return sum(_file_size(self.path + suffix) for suffix in ("", "-wal", "-shm"))
+
+    def _discard_files(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path + suffix)
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0

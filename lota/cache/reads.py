@@ -1,0 +1,387 @@
+"""The read path for GetObject and HeadObject: lookup → (revalidate) → miss/fill → deliver.
+
+* lookup: the store's entry for (bucket, key), if any, is the candidate copy.
+* revalidate: an entry older than ``revalidate_after`` (unless its prefix is immutable)
+  is checked with a conditional HEAD; a changed object replaces it, a vanished one drops
+  it; an unreachable origin lets it be served STALE within ``stale_if_error``.
+* miss: no entry: one origin GET (ranged to whole chunks for range reads) starts a fill
+  and gives the object's metadata; concurrent cold readers share it.
+* deliver: conditions, range and headers are answered from the entry; the body streams
+  from chunks (see :mod:`lota.cache.deliver`).
+
+Every response carries ``x-lota-cache: HIT | MISS | STALE | BYPASS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import replace
+
+from aiohttp import web
+
+from lota.cache.deliver import Deliverer
+from lota.cache.fill import Filler, OriginReply, object_meta
+from lota.cache.store import CachedObject, CacheStore, ObjectMeta
+from lota.clock import Clock
+from lota.config import CacheConfig
+from lota.metrics import Metrics
+from lota.regions.origin import OriginClient
+from lota.s3 import conditions
+from lota.s3.addressing import Target
+from lota.s3.errors import OriginError, S3Error
+from lota.s3.ranges import content_range, parse_range
+
+log = logging.getLogger("lota.cache")
+
+CACHE_HEADER = "x-lota-cache"
+# Query parameters that only rewrite response headers; applied locally on hits.
+RESPONSE_OVERRIDES = {
+    "response-content-type": "Content-Type",
+    "response-content-language": "Content-Language",
+    "response-expires": "Expires",
+    "response-cache-control": "Cache-Control",
+    "response-content-disposition": "Content-Disposition",
+    "response-content-encoding": "Content-Encoding",
+}
+# Requests the cache does not answer: other versions, customer-key encryption.
+_BYPASS_QUERY = frozenset({"versionId"})
+_SEQUENTIAL_MEMORY = 4096
+
+
+def cacheable(target: Target, headers: Mapping[str, str]) -> bool:
+    """Whether a GetObject/HeadObject may be answered from the cache."""
+    if not target.key or any(k in _BYPASS_QUERY for k, _ in target.query):
+        return False
+    return not any(h.lower().startswith("x-amz-server-side-encryption-customer") for h in headers)
+
+
+class ReadPath:
+    """Answers cacheable GET and HEAD requests."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        filler: Filler,
+        config: CacheConfig,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.filler = filler
+        self.deliverer = Deliverer(filler, metrics)
+        self._config = config
+        self._clock = clock
+        self._metrics = metrics
+        self._cs = config.chunk_size
+        # (bucket, key, etag) -> last chunk served, to spot sequential readers.
+        self._last_chunk: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+
+    def close(self) -> None:
+        self.deliverer.close()
+
+    async def serve(
+        self, request: web.BaseRequest, target: Target, origin: OriginClient
+    ) -> web.StreamResponse:
+        obj = self.store.lookup(target.bucket, target.key)
+        source = "HIT"
+        if obj is not None and self._needs_revalidation(obj):
+            obj, source = await self._revalidate(origin, obj)
+        if obj is None:
+            result = await self._miss(request, target, origin)
+            if isinstance(result, OriginReply):
+                return _reply(result)
+            obj, source = result, "MISS"
+        self._metrics.cache_requests.labels(source).inc()
+        return await self._respond(request, target, origin, obj, source)
+
+    # -- freshness --------------------------------------------------------------------
+
+    def _needs_revalidation(self, obj: CachedObject) -> bool:
+        path = f"{obj.meta.bucket}/{obj.meta.key}"
+        if any(path.startswith(p) for p in self._config.immutable):
+            return False
+        limit = self._config.revalidate_after
+        for prefix, seconds in self._config.revalidate:
+            if path.startswith(prefix):
+                limit = seconds
+                break
+        return self._clock.time() - obj.meta.validated_at > limit
+
+    async def _revalidate(
+        self, origin: OriginClient, obj: CachedObject
+    ) -> tuple[CachedObject | None, str]:
+        m = obj.meta
+        try:
+            async with origin.request(
+                "HEAD", m.bucket, m.key, headers={"if-none-match": m.etag}
+            ) as reply:
+                status = reply.status
+                fresh = (
+                    object_meta(m.bucket, m.key, reply, self._clock.time())
+                    if status == 200
+                    else None
+                )
+        except OriginError:
+            return self._stale_or_raise(obj)
+        if status == 304 or (fresh is not None and fresh.etag == m.etag):
+            self._metrics.cache_revalidations.labels("unchanged").inc()
+            return await self.store.admit(replace(m, validated_at=self._clock.time())), "HIT"
+        if fresh is not None:
+            self._metrics.cache_revalidations.labels("changed").inc()
+            return await self.store.admit(fresh), "MISS"
+        if status == 404:
+            self._metrics.cache_revalidations.labels("gone").inc()
+            await self.store.invalidate(m.bucket, m.key)
+            return None, "MISS"
+        return self._stale_or_raise(obj)
+
+    def _stale_or_raise(self, obj: CachedObject) -> tuple[CachedObject, str]:
+        self._metrics.cache_revalidations.labels("error").inc()
+        age = self._clock.time() - obj.meta.validated_at
+        if age <= self._config.revalidate_after + self._config.stale_if_error:
+            return obj, "STALE"
+        raise OriginError("origin unreachable and the cached copy is too old to serve stale")
+
+    # -- misses -----------------------------------------------------------------------
+
+    async def _miss(
+        self, request: web.BaseRequest, target: Target, origin: OriginClient
+    ) -> CachedObject | OriginReply:
+        pending = self.filler.cold_job(target.bucket, target.key)
+        if pending is not None:
+            self._metrics.cache_coalesced.inc()
+            return await asyncio.shield(pending.result)
+        span = self._cold_span(request)
+        if span is None:
+            return await self._head(origin, target)
+        first, last = span
+        job = self.filler.start(origin, target.bucket, target.key, first, last)
+        return await asyncio.shield(job.result)
+
+    def _cold_span(self, request: web.BaseRequest) -> tuple[int, int | None] | None:
+        """Chunks a cold GET should fetch; None when only the metadata is needed first."""
+        if request.method == "HEAD" or _part_number(request) is not None:
+            return None
+        header = request.headers.get("range")
+        if header is None:
+            return 0, None
+        wanted = parse_range(header)
+        if wanted.start is None:
+            return None  # a suffix: the size decides which chunks
+        first = wanted.start // self._cs
+        return first, None if wanted.end is None else wanted.end // self._cs
+
+    async def _head(self, origin: OriginClient, target: Target) -> CachedObject | OriginReply:
+        async with origin.request("HEAD", target.bucket, target.key) as reply:
+            if reply.status != 200:
+                return OriginReply(reply.status, list(reply.headers.items()), b"")
+            meta = object_meta(target.bucket, target.key, reply, self._clock.time())
+        return await self.store.admit(meta)
+
+    # -- delivery ---------------------------------------------------------------------
+
+    async def _respond(
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        origin: OriginClient,
+        obj: CachedObject,
+        source: str,
+    ) -> web.StreamResponse:
+        m = obj.meta
+        try:
+            conditions.check(request.headers, m.etag, m.last_modified)
+        except conditions.NotModified:
+            return _not_modified(m, source)
+        part = _part_number(request)
+        if part is not None:
+            obj, first, last = await self._part_range(origin, obj, part)
+            status = 206
+        else:
+            first, last, status = self._range(request, m)
+        if request.method == "GET" and source == "HIT" and not self._all_cached(obj, first, last):
+            source = "MISS"
+        response = web.StreamResponse(status=status)
+        self._headers(response, request, obj.meta, first, last, status, part, source)
+        if request.method == "HEAD":
+            await response.prepare(request)
+            if request.headers.get("range", "").replace(" ", "") == "bytes=0-0":
+                self._prefetch(origin, obj)
+            return response
+        await response.prepare(request)
+        if last >= first:
+            await self.deliverer.send(request, response, origin, obj, first, last)
+            self._maybe_read_ahead(origin, obj, first, last)
+        await response.write_eof()
+        return response
+
+    def _range(self, request: web.BaseRequest, m: ObjectMeta) -> tuple[int, int, int]:
+        header = request.headers.get("range")
+        if header is None:
+            return 0, m.size - 1, 200
+        first, last = parse_range(header).resolve(m.size)
+        return first, last, 206
+
+    async def _part_range(
+        self, origin: OriginClient, obj: CachedObject, part: int
+    ) -> tuple[CachedObject, int, int]:
+        """Byte range of part `part`, learnt once from the origin and kept in the entry."""
+        known = {number: (first, last) for number, first, last in obj.meta.parts}
+        if part not in known:
+            learnt, parts_count = await self._learn_part(origin, obj.meta, part, known)
+            m = obj.meta
+            headers = m.headers
+            if parts_count and not any(n == "x-amz-mp-parts-count" for n, _ in headers):
+                headers = (*headers, ("x-amz-mp-parts-count", parts_count))
+            parts = tuple(sorted({*m.parts, *((n, *span) for n, span in learnt.items())}))
+            obj = await self.store.admit(replace(m, parts=parts, headers=headers))
+            known.update(learnt)
+        first, last = known[part]
+        return obj, first, last
+
+    async def _learn_part(
+        self, origin: OriginClient, m: ObjectMeta, part: int, known: dict[int, tuple[int, int]]
+    ) -> tuple[dict[int, tuple[int, int]], str]:
+        """Ask the origin where part `part` lies (and, without Content-Range, the parts before)."""
+        learnt: dict[int, tuple[int, int]] = {}
+        lengths: dict[int, int] = {n: last - first + 1 for n, (first, last) in known.items()}
+        parts_count = ""
+        for number in [part, *range(1, part)]:
+            if number in lengths and number != part:
+                continue
+            query = [("partNumber", str(number))]
+            # Not If-Match: some S3 implementations answer part requests with the part's ETag.
+            async with origin.request("HEAD", m.bucket, m.key, query=query) as reply:
+                if reply.status not in (200, 206):
+                    raise S3Error(
+                        "InvalidPartNumber",
+                        "The requested partnumber is not satisfiable",
+                        status=416,
+                    )
+                if reply.headers.get("last-modified", m.last_modified) != m.last_modified:
+                    raise OriginError("the object changed while its parts were looked up")
+                parts_count = parts_count or reply.headers.get("x-amz-mp-parts-count", "")
+                span = _content_range(reply.headers.get("content-range", ""))
+                lengths[number] = int(reply.headers.get("content-length", "0"))
+            if span is not None:
+                learnt[number] = span
+                if number == part:
+                    return learnt, parts_count
+        offset = sum(lengths[n] for n in range(1, part))
+        learnt[part] = (offset, offset + lengths[part] - 1)
+        return learnt, parts_count
+
+    def _all_cached(self, obj: CachedObject, first: int, last: int) -> bool:
+        return (
+            all(
+                self.store.has_chunk(obj, i) for i in range(first // self._cs, last // self._cs + 1)
+            )
+            if last >= first
+            else True
+        )
+
+    def _headers(
+        self,
+        response: web.StreamResponse,
+        request: web.BaseRequest,
+        m: ObjectMeta,
+        first: int,
+        last: int,
+        status: int,
+        part: int | None,
+        source: str,
+    ) -> None:
+        checksum_ok = (
+            status == 200 and request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+        )
+        for name, value in m.headers:
+            if (
+                name.startswith("x-amz-checksum-")
+                and name != "x-amz-checksum-type"
+                and not checksum_ok
+            ):
+                continue
+            if name == "x-amz-mp-parts-count" and part is None:
+                continue
+            response.headers.add(name, value)
+        for param, header in RESPONSE_OVERRIDES.items():
+            for key, value in request.query.items():
+                if key == param:
+                    response.headers[header] = value
+        response.headers["Accept-Ranges"] = "bytes"
+        response.headers[CACHE_HEADER] = source
+        if status == 206:
+            response.headers["Content-Range"] = content_range(first, last, m.size)
+        response.content_length = max(0, last - first + 1)
+
+    def _prefetch(self, origin: OriginClient, obj: CachedObject) -> None:
+        """``HEAD`` with ``Range: bytes=0-0``: fill the whole object in the background."""
+        if obj.meta.size and not self._all_cached(obj, 0, obj.meta.size - 1):
+            self._metrics.cache_prefetches.inc()
+            self.filler.start(origin, obj.meta.bucket, obj.meta.key, 0, None, obj)
+
+    def _maybe_read_ahead(
+        self, origin: OriginClient, obj: CachedObject, first: int, last: int
+    ) -> None:
+        """A reader whose ranges follow on from the last one gets the next chunks fetched ahead."""
+        m = obj.meta
+        ident = (m.bucket, m.key, m.etag)
+        previous = self._last_chunk.pop(ident, None)
+        first_chunk, last_chunk = first // self._cs, last // self._cs
+        self._last_chunk[ident] = last_chunk
+        if len(self._last_chunk) > _SEQUENTIAL_MEMORY:
+            self._last_chunk.popitem(last=False)
+        if previous is None or not previous <= first_chunk <= previous + 1:
+            return
+        count = max(1, -(-m.size // self._cs))
+        ahead = range(last_chunk + 1, min(count, last_chunk + 1 + self._config.readahead))
+        missing = [
+            i
+            for i in ahead
+            if not self.store.has_chunk(obj, i) and self.filler.fill_for(obj, i) is None
+        ]
+        if missing:
+            self.filler.start(origin, m.bucket, m.key, missing[0], ahead[-1], obj)
+
+
+def _part_number(request: web.BaseRequest) -> int | None:
+    value = request.query.get("partNumber")
+    if value is None:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 10000:
+        raise S3Error(
+            "InvalidArgument", "Part number must be an integer between 1 and 10000, inclusive"
+        )
+    return int(value)
+
+
+def _content_range(value: str) -> tuple[int, int] | None:
+    """``bytes 0-99/1000`` -> (0, 99); None when absent or unreadable."""
+    try:
+        span = value.split(" ", 1)[1].split("/", 1)[0]
+        first, last = span.split("-", 1)
+        return int(first), int(last)
+    except (IndexError, ValueError):
+        return None
+
+
+def _not_modified(m: ObjectMeta, source: str) -> web.Response:
+    response = web.Response(status=304)
+    for name in ("etag", "last-modified", "cache-control", "expires"):
+        for header, value in m.headers:
+            if header == name:
+                response.headers[name] = value
+    response.headers[CACHE_HEADER] = source
+    return response
+
+
+def _reply(reply: OriginReply) -> web.Response:
+    response = web.Response(status=reply.status, body=reply.body or None)
+    for name, value in reply.headers:
+        if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+            response.headers.add(name, value)
+    response.headers[CACHE_HEADER] = "MISS"
+    return response

@@ -1,0 +1,177 @@
+"""The ``lota`` command: ``lota serve`` (later: ``warm``, ``migrations``, ``lifecycle``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import sys
+from collections.abc import Coroutine, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from lota import config as configuration
+from lota.config import Config, ConfigError
+
+log = logging.getLogger("lota.cli")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=os.environ.get("LOTA_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        return int(args.command(args))
+    except ConfigError as exc:
+        print(f"lota: configuration error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lota", description=__doc__)
+    commands = parser.add_subparsers(title="commands")
+    serve = commands.add_parser("serve", help="run the S3 endpoint")
+    serve.set_defaults(command=_serve)
+    serve.add_argument("--config", help="TOML config file (also LOTA_CONFIG)")
+    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9000)")
+    serve.add_argument("--region", help="this node's region")
+    serve.add_argument("--domain", help="virtual-hosted style domain: BUCKET.DOMAIN")
+    serve.add_argument("--origin", help="single-origin shortcut: the S3 endpoint URL")
+    serve.add_argument("--cache-dir", action="append", help="cache directory (repeatable)")
+    serve.add_argument("--cache-size", help="cache byte budget, e.g. 10GiB")
+    serve.add_argument("--auth", choices=["sigv4", "none"], help="client authentication")
+    serve.add_argument("--credentials", help="credentials file (TOML) for sigv4")
+    serve.add_argument(
+        "--embedded-origin",
+        action="store_true",
+        help="start a local S3 server (moto) as the origin, for trying LOTA out",
+    )
+    serve.add_argument("--origin-latency", default="0", help="embedded origin: one-way latency")
+    serve.add_argument("--origin-bandwidth", default="", help="embedded origin: cap, e.g. 1Gbit")
+
+    warm = commands.add_parser("warm", help="fill a node's cache with every object under a prefix")
+    warm.set_defaults(command=_warm)
+    warm.add_argument("url", help="s3://bucket/prefix")
+    warm.add_argument(
+        "--endpoint",
+        default=os.environ.get("LOTA_ENDPOINT", "http://127.0.0.1:9000"),
+        help="the LOTA node (default $LOTA_ENDPOINT or http://127.0.0.1:9000)",
+    )
+    warm.add_argument("--concurrency", type=int, default=8, help="objects filled at once")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from lota.server import serve
+
+    overrides: dict[str, Any] = {
+        "listen": args.listen,
+        "region": args.region,
+        "domain": args.domain,
+        "origin": args.origin,
+        "cache.dirs": args.cache_dir,
+        "cache.size": args.cache_size,
+        "auth.mode": args.auth,
+        "auth.credentials": args.credentials,
+    }
+    path = args.config or os.environ.get("LOTA_CONFIG")
+
+    async def run() -> None:
+        async with AsyncExitStack() as stack:
+            if args.embedded_origin:
+                overrides.update(await _embedded_origin(stack, args, path, overrides))
+            config = configuration.load(path, overrides=overrides)
+            await serve(config, on_ready=lambda url: _announce(url, config, args))
+
+    _run(run())
+    return 0
+
+
+async def _embedded_origin(
+    stack: AsyncExitStack, args: argparse.Namespace, path: str | None, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """Start moto as the origin; with sigv4 and no credentials file, make one to print."""
+    from lota.embedded import EmbeddedOrigin
+    from lota.wan import parse_bandwidth
+
+    origin = await stack.enter_async_context(
+        EmbeddedOrigin(
+            latency=configuration.parse_duration(args.origin_latency),
+            bandwidth=parse_bandwidth(args.origin_bandwidth) if args.origin_bandwidth else None,
+        )
+    )
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", origin.access_key_id)
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", origin.secret_access_key)
+    extra: dict[str, Any] = {"origin": origin.endpoint}
+    probe = configuration.load(path, overrides={**overrides, **extra})
+    if probe.auth.mode == "sigv4" and not (
+        args.credentials or os.environ.get("LOTA_AUTH_CREDENTIALS")
+    ):
+        extra["auth.credentials"] = str(_demo_credentials(probe))
+    return extra
+
+
+def _demo_credentials(config: Config) -> Path:
+    """A credentials file with one all-powerful principal, next to the cache (or in ./var)."""
+    base = Path(config.cache.dirs[0]).parent if config.cache.dirs else Path("var")
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / "demo-credentials.toml"
+    if not path.exists():
+        key = "LOTA" + secrets.token_hex(8).upper()
+        path.write_text(
+            "[[principal]]\n"
+            'name = "demo"\n'
+            f'access_key_id = "{key}"\n'
+            f'secret_access_key = "{secrets.token_urlsafe(30)}"\n'
+            'policy = \'{"Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}\'\n'
+        )
+        path.chmod(0o600)
+    return path
+
+
+def _announce(url: str, config: Config, args: argparse.Namespace) -> None:
+    lines = [f"LOTA is serving S3 on {url}"]
+    if args.embedded_origin and config.auth.mode == "sigv4":
+        import tomllib
+
+        principal = tomllib.loads(Path(config.auth.credentials).read_text())["principal"][0]
+        lines += [
+            "Use these credentials:",
+            f"  export AWS_ACCESS_KEY_ID={principal['access_key_id']}",
+            f"  export AWS_SECRET_ACCESS_KEY={principal['secret_access_key']}",
+            "  export AWS_DEFAULT_REGION=us-east-1",
+        ]
+    lines.append(
+        f"Try:  aws --endpoint-url {url} s3 mb s3://demo && aws --endpoint-url {url} s3 ls"
+    )
+    print("\n".join(lines), flush=True)
+
+
+def _warm(args: argparse.Namespace) -> int:
+    from lota.admin_client import warm
+
+    if not args.url.startswith("s3://"):
+        raise ConfigError(f"expected s3://bucket/prefix, got {args.url!r}")
+    bucket, _, prefix = args.url[5:].partition("/")
+    result: list[int] = []
+
+    async def run() -> None:
+        result.append(await warm(args.endpoint, bucket, prefix, args.concurrency))
+
+    _run(run())
+    return result[0]
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` on uvloop (the serving path's event loop)."""
+    import uvloop
+
+    uvloop.run(main)

@@ -1,0 +1,184 @@
+"""Every Prometheus metric LOTA exports, declared once, with help text.
+
+Each :class:`Metrics` owns its own registry, so several nodes can live in one process
+(tests, the cluster simulator) without mixing their counters. ``/_lota/metrics`` renders it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+
+class Metrics:
+    """The node's metrics. Attribute names follow the metric names without the prefix."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "lota_requests",
+            "S3 requests answered, by S3 operation and HTTP status",
+            ["operation", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "lota_request_seconds",
+            "Time from request start to the last byte of the response, by S3 operation",
+            ["operation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.bytes_in = Counter(
+            "lota_bytes_in", "Request body bytes received from clients", registry=r
+        )
+        self.bytes_out = Counter(
+            "lota_bytes_out", "Response body bytes sent to clients", registry=r
+        )
+        self.auth_failures = Counter(
+            "lota_auth_failures",
+            "Requests refused by authentication or authorization, by S3 error code",
+            ["code"],
+            registry=r,
+        )
+        self.origin_requests = Counter(
+            "lota_origin_requests",
+            "Requests LOTA sent to an origin, by region, method and status",
+            ["region", "method", "status"],
+            registry=r,
+        )
+        self.origin_seconds = Histogram(
+            "lota_origin_seconds",
+            "Origin latency to response headers, by region",
+            ["region"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.origin_bytes_in = Counter(
+            "lota_origin_bytes_in",
+            "Response body bytes received from origins, by region",
+            ["region"],
+            registry=r,
+        )
+        self.origin_errors = Counter(
+            "lota_origin_errors",
+            "Origin requests that failed without an HTTP response, by region",
+            ["region"],
+            registry=r,
+        )
+        self.cache_requests = Counter(
+            "lota_cache_requests",
+            "Cacheable GET/HEAD requests by where the answer came from (HIT, MISS, STALE)",
+            ["source"],
+            registry=r,
+        )
+        self.cache_bytes = Counter(
+            "lota_cache_bytes",
+            "Object bytes sent to clients by the read path, by source: hit (stored chunk), "
+            "fill (following a fill in progress), "
+            "origin (relayed when the cache could not hold it)",
+            ["source"],
+            registry=r,
+        )
+        self.cache_fill_seconds = Histogram(
+            "lota_cache_fill_seconds",
+            "Duration of origin fills (one origin GET filling one or more chunks)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.cache_fill_bytes = Counter(
+            "lota_cache_fill_bytes", "Bytes written into the cache by fills", registry=r
+        )
+        self.cache_coalesced = Counter(
+            "lota_cache_coalesced",
+            "Readers that joined a fill already in flight instead of asking the origin",
+            registry=r,
+        )
+        self.cache_bypassed_fills = Counter(
+            "lota_cache_bypassed_fills",
+            "Chunks the cache could not store (no room, disk error); served from the origin",
+            registry=r,
+        )
+        self.cache_revalidations = Counter(
+            "lota_cache_revalidations",
+            "Conditional checks of cached objects against the origin, by result",
+            ["result"],
+            registry=r,
+        )
+        self.cache_prefetches = Counter(
+            "lota_cache_prefetches",
+            "Whole-object prefetches started (HEAD with Range: bytes=0-0, lota warm)",
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "lota_inflight_requests", "Requests being handled right now", registry=r
+        )
+
+    def watch_store(self, store: StoreStats) -> None:
+        """Export the cache store's own counts (usage, budget, evictions, corrupt chunks)."""
+        self.registry.register(_StoreCollector(store))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class StoreStats(Protocol):
+    @property
+    def usage(self) -> int: ...
+    @property
+    def budget(self) -> int: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class _StoreCollector(Collector):
+    """Reads the store's counters at scrape time, so the store needs no metrics code."""
+
+    _GAUGES = {
+        "chunks": "Chunks held in the cache",
+        "objects": "Objects with an entry in the cache",
+    }
+    _COUNTERS = {
+        "evictions": "Chunks evicted to stay under the budget",
+        "corrupt": "Chunks that failed digest verification and were dropped",
+    }
+
+    def __init__(self, store: StoreStats) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._store.stats()
+        yield GaugeMetricFamily(
+            "lota_cache_bytes_used",
+            "Bytes LOTA holds under its cache directories",
+            self._store.usage,
+        )
+        yield GaugeMetricFamily(
+            "lota_cache_budget_bytes", "The cache byte budget", self._store.budget
+        )
+        for name, help_text in self._GAUGES.items():
+            yield GaugeMetricFamily(f"lota_cache_{name}", help_text, stats.get(name, 0))
+        for name, help_text in self._COUNTERS.items():
+            yield CounterMetricFamily(f"lota_cache_{name}", help_text, stats.get(name, 0))

@@ -1,0 +1,111 @@
+"""Pass-through: any S3 call LOTA does not handle itself goes to the bucket's home origin.
+
+The request is re-signed with the region's service credentials; the body streams through
+:func:`lota.relay.verified_body` (so it is checked before the origin can complete it); the
+response streams back with its status, headers and XML errors as the origin sent them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from lota.auth.body import BodyDecoder
+from lota.http import PRESIGN_QUERY, forwardable_request_headers
+from lota.metrics import Metrics
+from lota.regions.origin import Body, OriginClient
+from lota.relay import (
+    CHECKSUM_VALUE_LENGTH,
+    aws_chunked,
+    aws_chunked_length,
+    relay_response,
+    verified_body,
+)
+from lota.s3.addressing import Target
+from lota.s3.errors import S3Error
+
+STREAMING_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+BYPASS = {"x-lota-cache": "BYPASS"}
+
+
+class PassThrough:
+    """Forwards requests to the origin of the addressed bucket's home region."""
+
+    def __init__(
+        self,
+        origins: Mapping[str, OriginClient],
+        home: Mapping[str, str],
+        default: str,
+        metrics: Metrics,
+        body_timeout: float = 60.0,
+    ) -> None:
+        self._body_timeout = body_timeout
+        self._origins = origins
+        self._home = home
+        self._default = default
+        self._metrics = metrics
+
+    def origin_for(self, bucket: str) -> OriginClient:
+        return self._origins[self._home.get(bucket, self._default)]
+
+    async def forward(
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        decoder: BodyDecoder,
+        *,
+        body: bytes | None = None,
+    ) -> web.StreamResponse:
+        """Relay the request, streaming its body, or sending `body` when it was read already."""
+        headers = forwardable_request_headers(request.headers)
+        query = [(k, v) for k, v in target.query if k not in PRESIGN_QUERY]
+        if body is None:
+            data, payload_hash = self._body(request, decoder, headers)
+        else:
+            data, payload_hash = body, "UNSIGNED-PAYLOAD"
+            headers["content-length"] = str(len(body))
+            headers.update(decoder.trailers)
+        async with self.origin_for(target.bucket).request(
+            request.method,
+            target.bucket,
+            target.key,
+            query=query,
+            headers=headers,
+            body=data,
+            payload_hash=payload_hash,
+        ) as origin:
+            return await relay_response(request, origin, self._metrics, BYPASS)
+
+    def _body(
+        self, request: web.BaseRequest, decoder: BodyDecoder, headers: dict[str, str]
+    ) -> tuple[Body, str]:
+        """The body to send on and the payload hash to sign it with; sets its length headers."""
+        length = decoder.expected_length
+        if length is None:
+            if request.body_exists:
+                raise S3Error(
+                    "MissingContentLength", "You must provide the Content-Length HTTP header."
+                )
+            return None, "UNSIGNED-PAYLOAD"
+        payload = verified_body(request, decoder, self._metrics, self._body_timeout)
+        trailer_names = _declared_trailers(request.headers.get("x-amz-trailer", ""))
+        if not trailer_names:
+            headers["content-length"] = str(length)
+            return payload, "UNSIGNED-PAYLOAD"
+        # Keep the client's trailing checksum: the origin stores it with the object.
+        headers["content-encoding"] = ",".join(
+            filter(None, ["aws-chunked", headers.get("content-encoding", "")])
+        )
+        headers["x-amz-decoded-content-length"] = str(length)
+        headers["x-amz-trailer"] = ",".join(trailer_names)
+        headers["content-length"] = str(aws_chunked_length(length, trailer_names))
+        return aws_chunked(payload, lambda: decoder.trailers), STREAMING_TRAILER
+
+
+def _declared_trailers(value: str) -> list[str]:
+    names = [n.strip().lower() for n in value.split(",") if n.strip()]
+    for name in names:
+        if name not in CHECKSUM_VALUE_LENGTH:
+            raise S3Error("InvalidRequest", f"Unsupported trailer {name!r}.")
+    return names

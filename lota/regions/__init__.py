@@ -1,0 +1,1 @@
+"""Regions: the origin client per region (later: catalog, write acceleration, migrator)."""

@@ -1,0 +1,417 @@
+"""The LOTA node: wiring, the request handler, start-up and graceful shutdown.
+
+A request goes through named steps::
+
+    admin?  ──▶ /_lota/healthz | readyz | metrics
+    parse   ──▶ addressing (bucket, key) and request sanity
+    auth    ──▶ SigV4 + policy, on every request
+    route   ──▶ pass-through to the bucket's home origin
+
+Errors become S3 XML wherever they happen, including in aiohttp's own HTTP parser
+(:class:`S3RequestHandler`); a response that already started is aborted instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import ssl
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.web_protocol import RequestHandler
+
+from lota.auth import Authenticator, Authorized
+from lota.auth.body import BodyDecoder
+from lota.auth.sigv4 import RequestView
+from lota.cache.fill import Filler
+from lota.cache.reads import ReadPath, cacheable
+from lota.cache.store import CacheStore
+from lota.cache.warm import warm
+from lota.clock import Clock
+from lota.config import Config
+from lota.metrics import Metrics
+from lota.passthrough import PassThrough
+from lota.regions.origin import OriginClient
+from lota.relay import abort, read_small_body
+from lota.s3.addressing import (
+    ADMIN_PREFIX,
+    Target,
+    is_valid_bucket_name,
+    parse_target,
+    split_target,
+)
+from lota.s3.errors import OriginError, S3Error
+from lota.s3.operations import object_arn
+from lota.s3.ranges import parse_range
+from lota.s3.xml import deleted_keys
+from lota.tasks import TaskGroup
+
+log = logging.getLogger("lota.server")
+# S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
+DELETE_BODY_LIMIT = 2 * 1024 * 1024
+# Operations after which cached copies of the addressed object(s) are stale.
+INVALIDATING = frozenset(
+    {
+        "PutObject",
+        "CopyObject",
+        "DeleteObject",
+        "CompleteMultipartUpload",
+        "PutObjectTagging",
+        "DeleteObjectTagging",
+        "PutObjectAcl",
+        "RestoreObject",
+    }
+)
+access_log = logging.getLogger("lota.access")
+
+
+class Node:
+    """One LOTA node. ``async with Node(config) as node:`` then serve ``node.handle``."""
+
+    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or Clock.from_environment()
+        self.metrics = Metrics()
+        self.auth = Authenticator(config.auth, self.clock)
+        self.ready = False
+        self.tasks = TaskGroup("node")
+        self.store: CacheStore | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._passthrough: PassThrough | None = None
+        self._reads: ReadPath | None = None
+
+    async def __aenter__(self) -> Node:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=512, limit_per_host=256, ttl_dns_cache=60),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        origins = {
+            name: OriginClient(region, self._session, self.metrics, self.clock)
+            for name, region in self.config.regions.items()
+        }
+        self._passthrough = PassThrough(
+            origins,
+            self.config.bucket_regions,
+            self.config.default_region,
+            self.metrics,
+            self.config.body_timeout,
+        )
+        if self.config.cache.dirs:
+            await self._open_cache()
+        self.ready = True
+        return self
+
+    async def _open_cache(self) -> None:
+        c = self.config.cache
+        self.store = CacheStore(
+            c.dirs,
+            c.size,
+            c.chunk_size,
+            clock=self.clock,
+            verify=c.verify,
+            pinned=c.pinned,
+            fsync=c.fsync,
+            scrub_interval=c.scrub_interval,
+        )
+        await self.store.open()
+        self.metrics.watch_store(self.store)
+        filler = Filler(self.store, c.chunk_size, self.metrics, self.clock, self.tasks)
+        self._reads = ReadPath(self.store, filler, c, self.clock, self.metrics)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.ready = False
+        await self.tasks.close()
+        if self._reads is not None:
+            self._reads.close()
+        if self.store is not None:
+            await self.store.close()
+        if self._session is not None:
+            await self._session.close()
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Answer one request; never raises except to abort a response already started."""
+        ctx = RequestContext()
+        if request.raw_path.startswith(ADMIN_PREFIX):
+            ctx.operation = "Admin"
+        self.metrics.inflight.inc()
+        try:
+            response = await self._answer(request, ctx)
+        finally:
+            self.metrics.inflight.dec()
+        elapsed = time.perf_counter() - ctx.started
+        self.metrics.requests.labels(ctx.operation, str(response.status)).inc()
+        self.metrics.request_seconds.labels(ctx.operation).observe(elapsed)
+        access_log.info(
+            '%s "%s %s" %d %s %.1fms id=%s',
+            request.remote,
+            request.method,
+            request.raw_path[:256],
+            response.status,
+            ctx.operation,
+            elapsed * 1000,
+            ctx.request_id,
+        )
+        return response
+
+    async def _answer(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
+        """Run the request's steps; turn every error into an S3 XML response."""
+        try:
+            if ctx.operation == "Admin":
+                return await self._admin(request)
+            return await self._s3(request, ctx)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:
+            if response_started(request):
+                # Too late for an error response: cut the connection so the client cannot
+                # take the partial body for a whole one.
+                log.warning("request %s failed mid-response: %r", ctx.request_id, exc)
+                abort(request)
+                raise ConnectionResetError("response aborted") from exc
+            return self._error(request, self._as_s3_error(exc, ctx), ctx)
+
+    def _as_s3_error(self, exc: Exception, ctx: RequestContext) -> S3Error:
+        if isinstance(exc, S3Error):
+            return exc
+        if isinstance(exc, OriginError):
+            log.warning("request %s: %s", ctx.request_id, exc)
+            return S3Error("ServiceUnavailable", "The origin could not be reached; retry later.")
+        log.error("request %s failed", ctx.request_id, exc_info=exc)
+        return S3Error("InternalError", "We encountered an internal error. Please try again.")
+
+    async def _s3(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
+        target = parse_target(request.host, request.raw_path, self.config.domain)
+        view = RequestView(request.method, target.raw_path, target.query, request.headers)
+        authorized = self.auth.authenticate(view, target.bucket, target.key)
+        ctx.operation = authorized.operation.name
+        if "range" in request.headers and ctx.operation == "GetObject":
+            parse_range(request.headers["range"])
+        assert self._passthrough is not None
+        origin = self._passthrough.origin_for(target.bucket)
+        if (
+            self._reads is not None
+            and ctx.operation in ("GetObject", "HeadObject")
+            and cacheable(target, request.headers)
+        ):
+            return await self._reads.serve(request, target, origin)
+        decoder = self.auth.decoder(view, authorized)
+        if request.headers.get("expect", "").lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if ctx.operation == "DeleteObjects":
+            return await self._delete_objects(request, target, authorized, decoder)
+        if ctx.operation not in INVALIDATING:
+            return await self._passthrough.forward(request, target, decoder)
+        await self._invalidate(target.bucket, [target.key])
+        try:
+            return await self._passthrough.forward(request, target, decoder)
+        finally:
+            await self._invalidate(target.bucket, [target.key])
+
+    async def _delete_objects(
+        self, request: web.BaseRequest, target: Target, authorized: Authorized, decoder: BodyDecoder
+    ) -> web.StreamResponse:
+        """DeleteObjects: each named key needs s3:DeleteObject, as S3 checks it per key."""
+        assert self._passthrough is not None
+        body = await read_small_body(
+            request, decoder, self.metrics, DELETE_BODY_LIMIT, self.config.body_timeout
+        )
+        keys = deleted_keys(body)
+        for key in keys:
+            if not self.auth.allows(authorized, "s3:DeleteObject", object_arn(target.bucket, key)):
+                raise S3Error("AccessDenied", f"Access Denied for key {key!r}")
+        await self._invalidate(target.bucket, keys)
+        try:
+            return await self._passthrough.forward(request, target, decoder, body=body)
+        finally:
+            await self._invalidate(target.bucket, keys)
+
+    async def _invalidate(self, bucket: str, keys: list[str]) -> None:
+        """Drop cached copies of objects a write changes (before and after it)."""
+        if self.store is not None:
+            for key in keys:
+                await self.store.invalidate(bucket, key)
+
+    async def _admin(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path == "/_lota/healthz":
+            return web.Response(text="ok\n")
+        if path == "/_lota/readyz":
+            return web.Response(
+                text="ready\n" if self.ready else "not ready\n", status=200 if self.ready else 503
+            )
+        if path == "/_lota/metrics":
+            return web.Response(
+                body=self.metrics.render(), content_type="text/plain", charset="utf-8"
+            )
+        raise S3Error("InvalidRequest", f"Unknown LOTA admin call {path!r}.", status=404)
+
+    async def _warm(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``POST /_lota/warm?bucket=B&prefix=P[&concurrency=N]``: progress as JSON lines."""
+        bucket = request.query.get("bucket", "")
+        prefix = request.query.get("prefix", "")
+        if not is_valid_bucket_name(bucket):
+            raise S3Error("InvalidBucketName", "The specified bucket is not valid.")
+        raw_path, query = split_target(request.raw_path)
+        view = RequestView(request.method, raw_path, query, request.headers)
+        self.auth.authorize(view, "s3:GetObject", f"arn:aws:s3:::{bucket}/{prefix}*")
+        if self._reads is None or self._passthrough is None:
+            raise S3Error("InvalidRequest", "This node has no cache to warm.")
+        concurrency = int(request.query.get("concurrency", "8") or 8)
+        origin = self._passthrough.origin_for(bucket)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        async for progress in warm(self._reads.filler, origin, bucket, prefix, concurrency):
+            await response.write(json.dumps(progress.as_dict()).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    def _error(
+        self, request: web.BaseRequest, exc: S3Error, ctx: RequestContext
+    ) -> web.StreamResponse:
+        if exc.status == 403:
+            self.metrics.auth_failures.labels(exc.code).inc()
+        response = error_response(exc, ctx.request_id)
+        if request.body_exists and not request.content.is_eof():
+            # The body was never read (a client waiting for 100-continue may never send
+            # it): close rather than let the next request be taken for its bytes.
+            response.force_close()
+        return response
+
+
+class RequestContext:
+    """What the handler learns about a request as it goes, for metrics and the access log."""
+
+    __slots__ = ("operation", "request_id", "started")
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.request_id = uuid.uuid4().hex[:16].upper()
+        self.operation = "Unknown"
+
+
+def response_started(request: web.BaseRequest) -> bool:
+    """Whether any part of a response (headers included) has been handed to aiohttp."""
+    writer: Any = request.writer
+    return bool(
+        writer.output_size
+        or getattr(writer, "_headers_buf", None)
+        or getattr(writer, "_headers_written", False)
+    )
+
+
+def error_response(exc: S3Error, request_id: str) -> web.Response:
+    """An S3 XML error response (aiohttp leaves the body out for HEAD by itself)."""
+    return web.Response(
+        status=exc.status,
+        body=exc.to_xml(request_id),
+        content_type="application/xml",
+        headers={"x-amz-request-id": request_id},
+    )
+
+
+class S3RequestHandler(RequestHandler):
+    """aiohttp's connection handler, with its HTTP-level errors answered as S3 XML."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send an error")
+        if status >= 500:
+            self.log_exception("error handling request", exc_info=exc)
+            err = S3Error("InternalError", "We encountered an internal error. Please try again.")
+        elif isinstance(exc, LineTooLong):
+            err = S3Error(
+                "RequestHeaderSectionTooLarge",
+                "Your request header section exceeds the maximum allowed size.",
+            )
+        else:
+            err = S3Error("InvalidRequest", f"Malformed HTTP request: {message or exc}"[:512])
+        response = error_response(err, uuid.uuid4().hex[:16].upper())
+        response.force_close()
+        return response
+
+
+class S3Server(web.Server):
+    """aiohttp's low-level server using :class:`S3RequestHandler` for each connection."""
+
+    def __call__(self) -> RequestHandler:
+        return S3RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+def ssl_context(config: Config) -> ssl.SSLContext | None:
+    if not config.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
+
+
+async def serve(
+    config: Config,
+    *,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until `stop` is set or SIGTERM/SIGINT arrives, then drain and return."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with Node(config) as node:
+            server = S3Server(node.handle, access_log=None)
+            runner = web.ServerRunner(
+                server, shutdown_timeout=config.drain_timeout, handle_signals=False
+            )
+            await runner.setup()
+            host, port = config.listen_address
+            site = web.TCPSite(runner, host, port, ssl_context=ssl_context(config), backlog=1024)
+            await site.start()
+            url = _bound_url(site, config)
+            log.info("LOTA %s listening on %s (region %s)", _version(), url, config.region)
+            if on_ready:
+                on_ready(url)
+            await stop.wait()
+            log.info(
+                "shutting down: draining in-flight requests (up to %.0fs)", config.drain_timeout
+            )
+            node.ready = False
+            await runner.cleanup()
+            log.info("stopped")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _bound_url(site: web.TCPSite, config: Config) -> str:
+    server: Any = site._server  # the asyncio Server, for the port actually bound
+    host, port = server.sockets[0].getsockname()[:2]
+    scheme = "https" if config.tls_cert else "http"
+    return f"{scheme}://{host if ':' not in host else f'[{host}]'}:{port}"
+
+
+def _version() -> str:
+    from lota import __version__
+
+    return __version__

@@ -1,0 +1,87 @@
+"""Shared fixtures: a real moto S3 origin, a real ``lota serve`` in front of it, real clients."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config as BotoConfig
+
+from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
+from lota.embedded import moto_server
+
+
+@pytest.fixture(scope="session")
+def origin() -> Iterator[str]:
+    """The endpoint of a moto S3 server in its own process."""
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def credentials_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_credentials(tmp_path_factory.mktemp("auth") / "credentials.toml")
+
+
+@pytest.fixture(scope="session")
+def lota(
+    origin: str, credentials_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LotaProcess]:
+    """One LOTA node with sigv4 auth in front of the origin, shared by the session."""
+    work = tmp_path_factory.mktemp("lota")
+    node = LotaProcess(
+        ["--origin", origin, "--auth", "sigv4", "--credentials", str(credentials_file)],
+        log_path=work / "lota.log",
+        env={"LOTA_BODY_TIMEOUT": "2s"},
+    ).start()
+    yield node
+    node.stop()
+
+
+def client_for(endpoint: str, principal: str = "admin", **config: Any) -> Any:
+    key, secret, _ = PRINCIPALS[principal]
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        region_name="us-east-1",
+        config=BotoConfig(**config) if config else None,
+    )
+
+
+@pytest.fixture
+def s3(lota: LotaProcess) -> Any:
+    """A boto3 client with its default configuration, pointed at LOTA as admin."""
+    return client_for(lota.url)
+
+
+@pytest.fixture
+def origin_s3(origin: str) -> Any:
+    """A boto3 client talking to the origin directly (to see what really reached it)."""
+    return boto3.client(
+        "s3",
+        endpoint_url=origin,
+        aws_access_key_id="lota-origin",
+        aws_secret_access_key="lota-origin-secret",
+        region_name="us-east-1",
+    )
+
+
+@pytest.fixture
+def make_bucket(origin_s3: Any) -> Callable[[], str]:
+    def make() -> str:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        origin_s3.create_bucket(Bucket=name)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def bucket(make_bucket: Callable[[], str]) -> str:
+    return make_bucket()

@@ -1,0 +1,385 @@
+"""The read cache, end to end: real LOTA processes, a real moto origin behind a recorder."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lota.devtools import LotaProcess
+from tests.conftest import client_for
+from tests.recorder import RecordingProxy, recording_proxy
+
+MiB = 1024 * 1024
+CHUNK = 8 * MiB
+
+NodeFactory = Callable[..., LotaProcess]
+
+
+@pytest.fixture
+def recorder(origin: str) -> Iterator[RecordingProxy]:
+    with recording_proxy(origin) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def node_factory(
+    recorder: RecordingProxy, credentials_file: Path, tmp_path: Path
+) -> Iterator[NodeFactory]:
+    """Start LOTA nodes with a cache, in front of the recorder; all stopped at the end."""
+    nodes: list[LotaProcess] = []
+
+    def start(
+        cache_dir: Path | None = None, size: str = "2GiB", port: int | None = None, **cache: Any
+    ) -> LotaProcess:
+        cache_dir = cache_dir or tmp_path / "cache"
+        settings = "\n".join(f"{k} = {_toml(v)}" for k, v in cache.items())
+        config = tmp_path / f"lota-{len(nodes)}.toml"
+        config.write_text(
+            f'[cache]\ndirs = ["{cache_dir}"]\nsize = "{size}"\n{settings}\n'
+            f'[auth]\nmode = "sigv4"\ncredentials = "{credentials_file}"\n'
+            f'[regions.us-east]\nendpoint = "{recorder.url}"\n'
+        )
+        node = LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log")
+        if port is not None:
+            node.port, node.url = port, f"http://127.0.0.1:{port}"
+            node.args = ["--listen", f"127.0.0.1:{port}", "--config", str(config)]
+        nodes.append(node.start())
+        return node
+
+    yield start
+    for node in nodes:
+        node.kill()
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value)
+
+
+def _put(origin_s3: Any, bucket: str, key: str, size: int) -> bytes:
+    data = os.urandom(size)
+    origin_s3.put_object(Bucket=bucket, Key=key, Body=data)
+    return data
+
+
+def _get(s3: Any, bucket: str, key: str, **kw: Any) -> tuple[bytes, str]:
+    got = s3.get_object(Bucket=bucket, Key=key, **kw)
+    return got["Body"].read(), got["ResponseMetadata"]["HTTPHeaders"].get("x-lota-cache", "")
+
+
+def _hit(s3: Any, bucket: str, key: str, **kw: Any) -> tuple[bytes, str]:
+    """Read until a HIT: a reader that followed a fill gets its bytes before the chunk is
+    committed (fsync, rename), so the read right after a miss may still say MISS."""
+    for _ in range(40):
+        body, source = _get(s3, bucket, key, **kw)
+        if source == "HIT":
+            break
+        time.sleep(0.05)
+    return body, source
+
+
+def test_second_read_is_a_hit_and_the_origin_sees_no_second_get(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    s3 = client_for(node.url)
+    for size in (0, 1, 100_000, 3 * CHUNK + 5):
+        data = _put(origin_s3, bucket, f"obj-{size}", size)
+        assert _get(s3, bucket, f"obj-{size}") == (data, "MISS")
+        assert _hit(s3, bucket, f"obj-{size}") == (data, "HIT")
+        if size:
+            assert _get(s3, bucket, f"obj-{size}", Range="bytes=0-0") == (data[:1], "HIT")
+        assert len(recorder.requests("GET", f"/{bucket}/obj-{size}")) == 1
+    head = s3.head_object(Bucket=bucket, Key=f"obj-{3 * CHUNK + 5}")
+    assert head["ContentLength"] == 3 * CHUNK + 5
+    assert head["ResponseMetadata"]["HTTPHeaders"]["x-lota-cache"] == "HIT"
+    assert 'lota_cache_requests_total{source="HIT"}' in node.metrics()
+
+
+def test_hits_answer_ranges_conditionals_and_headers_like_the_origin(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    s3 = client_for(node.url)
+    data = os.urandom(2 * CHUNK + 100)
+    origin_s3.put_object(
+        Bucket=bucket, Key="k", Body=data, ContentType="application/x-tar", Metadata={"m": "1"}
+    )
+    _get(s3, bucket, "k")
+    for rng, want in [
+        ("bytes=0-9", data[:10]),
+        (f"bytes={CHUNK - 5}-{CHUNK + 5}", data[CHUNK - 5 : CHUNK + 6]),
+        ("bytes=-7", data[-7:]),
+        (f"bytes={2 * CHUNK}-", data[2 * CHUNK :]),
+    ]:
+        cached = s3.get_object(Bucket=bucket, Key="k", Range=rng)
+        direct = origin_s3.get_object(Bucket=bucket, Key="k", Range=rng)
+        assert cached["Body"].read() == want == direct["Body"].read()
+        assert cached["ContentRange"] == direct["ContentRange"]
+        assert cached["ETag"] == direct["ETag"] and cached["Metadata"] == {"m": "1"}
+        assert cached["ContentType"] == "application/x-tar"
+    etag = origin_s3.head_object(Bucket=bucket, Key="k")["ETag"]
+    with pytest.raises(s3.exceptions.ClientError) as err:
+        s3.get_object(Bucket=bucket, Key="k", IfNoneMatch=etag)
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+    with pytest.raises(s3.exceptions.ClientError) as err:
+        s3.get_object(Bucket=bucket, Key="k", IfMatch='"0123"')
+    assert err.value.response["Error"]["Code"] == "PreconditionFailed"
+    with pytest.raises(s3.exceptions.ClientError) as err:
+        s3.get_object(Bucket=bucket, Key="k", Range=f"bytes={len(data) + 10}-")
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416
+
+
+def test_part_number_reads_are_served_from_the_cache(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    s3 = client_for(node.url)
+    upload = origin_s3.create_multipart_upload(Bucket=bucket, Key="mp")
+    parts, blobs = [], []
+    for number in (1, 2):
+        blob = os.urandom(5 * MiB + number)
+        blobs.append(blob)
+        etag = origin_s3.upload_part(
+            Bucket=bucket, Key="mp", PartNumber=number, UploadId=upload["UploadId"], Body=blob
+        )["ETag"]
+        parts.append({"PartNumber": number, "ETag": etag})
+    origin_s3.complete_multipart_upload(
+        Bucket=bucket, Key="mp", UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
+    )
+    assert _get(s3, bucket, "mp")[0] == b"".join(blobs)
+    got = s3.get_object(Bucket=bucket, Key="mp", PartNumber=2)
+    assert got["Body"].read() == blobs[1]
+    assert got["PartsCount"] == 2
+    assert len(recorder.requests("GET", f"/{bucket}/mp")) == 1
+
+
+def test_32_concurrent_cold_readers_share_one_origin_fetch(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    data = _put(origin_s3, bucket, "big", 256 * MiB)
+    want = hashlib.sha256(data).hexdigest()
+    del data
+
+    def read(_: int) -> str:
+        h = hashlib.sha256()
+        with urllib.request.urlopen(_presigned(node, bucket, "big")) as r:
+            while piece := r.read(MiB):
+                h.update(piece)
+        return h.hexdigest()
+
+    with ThreadPoolExecutor(32) as pool:
+        digests = list(pool.map(read, range(32)))
+    assert digests == [want] * 32
+    assert recorder.bytes_sent(f"/{bucket}/big") == 256 * MiB
+
+
+def test_the_last_kib_of_a_cold_1gib_object_moves_about_one_chunk(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    size = 1024 * MiB
+    origin_s3.upload_fileobj(_Zeros(size, tail=b"the-end!" * 128), bucket, "huge")
+    recorder.clear()
+    s3 = client_for(node.url)
+    body, source = _get(s3, bucket, "huge", Range=f"bytes={size - 1024}-{size - 1}")
+    assert body == b"the-end!" * 128
+    assert source == "MISS"
+    moved = recorder.bytes_sent(f"/{bucket}/huge")
+    assert moved <= CHUNK + 64 * 1024, moved
+    body, _ = _get(s3, bucket, "huge", Range="bytes=-1024")
+    assert body == b"the-end!" * 128
+    assert recorder.bytes_sent(f"/{bucket}/huge") == moved
+
+
+def test_an_overwrite_through_lota_is_never_answered_with_old_bytes(
+    node_factory: NodeFactory, bucket: str
+) -> None:
+    node = node_factory(revalidate_after="1h")
+    s3 = client_for(node.url)
+    for version in range(5):
+        data = os.urandom(CHUNK + version)
+        s3.put_object(Bucket=bucket, Key="ckpt", Body=data)
+        assert _get(s3, bucket, "ckpt")[0] == data
+        assert _get(s3, bucket, "ckpt")[0] == data
+    s3.delete_object(Bucket=bucket, Key="ckpt")
+    with pytest.raises(s3.exceptions.NoSuchKey):
+        s3.get_object(Bucket=bucket, Key="ckpt")
+    s3.put_object(Bucket=bucket, Key="a", Body=b"1")
+    s3.put_object(Bucket=bucket, Key="b", Body=b"1")
+    _get(s3, bucket, "a"), _get(s3, bucket, "b")
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "a"}, {"Key": "b"}]})
+    with pytest.raises(s3.exceptions.NoSuchKey):
+        s3.get_object(Bucket=bucket, Key="b")
+
+
+def test_an_overwrite_at_the_origin_is_seen_once_revalidate_after_has_passed(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory(revalidate_after="1s")
+    s3 = client_for(node.url)
+    origin_s3.put_object(Bucket=bucket, Key="k", Body=b"old")
+    assert _get(s3, bucket, "k") == (b"old", "MISS")
+    origin_s3.put_object(Bucket=bucket, Key="k", Body=b"new!")
+    time.sleep(1.5)
+    assert _get(s3, bucket, "k")[0] == b"new!"
+    assert _hit(s3, bucket, "k") == (b"new!", "HIT")
+
+
+def test_stale_copy_is_served_while_the_origin_is_down(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory(revalidate_after="1s", stale_if_error="1h")
+    s3 = client_for(node.url, retries={"max_attempts": 1})
+    origin_s3.put_object(Bucket=bucket, Key="k", Body=b"cached")
+    _get(s3, bucket, "k")
+    recorder.down = True
+    time.sleep(1.2)
+    assert _get(s3, bucket, "k") == (b"cached", "STALE")
+
+
+def test_a_flipped_byte_in_a_chunk_file_is_caught_and_the_client_gets_right_bytes(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    node = node_factory(revalidate_after="1h")
+    s3 = client_for(node.url)
+    data = _put(origin_s3, bucket, "k", 2 * CHUNK)
+    _get(s3, bucket, "k")
+    node.stop()
+    for chunk in _chunk_files(tmp_path / "cache"):
+        raw = bytearray(chunk.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        chunk.write_bytes(bytes(raw))
+    node = node_factory(revalidate_after="1h", port=node.port)
+    assert _get(client_for(node.url), bucket, "k")[0] == data
+    assert "lota_cache_corrupt_total 2.0" in node.metrics()
+    assert len(recorder.requests("GET", f"/{bucket}/k")) >= 2
+
+
+def test_after_kill_9_during_fills_hits_resume_and_no_wrong_byte_is_served(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    node = node_factory(revalidate_after="1h")
+    blobs = {f"obj{i}": _put(origin_s3, bucket, f"obj{i}", 6 * CHUNK + i) for i in range(6)}
+    s3 = client_for(node.url)
+    assert _get(s3, bucket, "obj0")[0] == blobs["obj0"]
+
+    def read(key: str) -> None:
+        # The kill cuts these reads short: the client must see a short read, not a whole one.
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            urllib.request.urlopen(_presigned(node, bucket, key), timeout=30).read()
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in blobs if k != "obj0"]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    node.kill()
+    for t in threads:
+        t.join()
+    node = node_factory(revalidate_after="1h", port=node.port)
+    s3 = client_for(node.url)
+    assert _get(s3, bucket, "obj0") == (blobs["obj0"], "HIT")
+    for key, data in blobs.items():
+        assert _get(s3, bucket, key)[0] == data
+        assert _hit(s3, bucket, key) == (data, "HIT")
+
+
+def test_writing_past_the_budget_evicts_and_stays_under_it(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    node = node_factory(size="64MiB")
+    s3 = client_for(node.url)
+    for i in range(24):
+        data = _put(origin_s3, bucket, f"k{i}", CHUNK)
+        assert _get(s3, bucket, f"k{i}")[0] == data
+        assert _du(tmp_path / "cache") <= 64 * MiB * 1.05
+    assert "lota_cache_evictions_total 0.0" not in node.metrics()
+    assert _hit(s3, bucket, "k23")[1] == "HIT"
+
+
+def test_with_the_cache_disk_full_every_response_is_still_correct(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], check=True)
+    try:
+        node = node_factory(cache_dir=mount, size="1GiB")
+        s3 = client_for(node.url)
+        blobs = {f"k{i}": _put(origin_s3, bucket, f"k{i}", 3 * CHUNK + i) for i in range(4)}
+        for _ in range(2):
+            for key, data in blobs.items():
+                assert _get(s3, bucket, key)[0] == data
+        assert _get(s3, bucket, "k3", Range="bytes=5-20")[0] == blobs["k3"][5:21]
+        node.kill()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_head_with_range_0_0_prefetches_the_whole_object(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    s3 = client_for(node.url)
+    data = _put(origin_s3, bucket, "warm-me", 3 * CHUNK)
+    head = s3.head_object(Bucket=bucket, Key="warm-me", Range="bytes=0-0")
+    assert head["ContentLength"] == 1 and head["ContentRange"] == f"bytes 0-0/{3 * CHUNK}"
+    deadline = time.monotonic() + 10
+    while recorder.bytes_sent(f"/{bucket}/warm-me") < 3 * CHUNK and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert _get(s3, bucket, "warm-me") == (data, "HIT")
+
+
+class _Zeros:
+    """A file-like object of `size` bytes: zeros, then `tail` (no memory held)."""
+
+    def __init__(self, size: int, tail: bytes) -> None:
+        self.size, self.tail, self.pos = size, tail, 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n < 0 else min(n, self.size - self.pos)
+        start, self.pos = self.pos, self.pos + n
+        zeros_end = self.size - len(self.tail)
+        out = b"\0" * max(0, min(self.pos, zeros_end) - start)
+        if self.pos > zeros_end:
+            out += self.tail[max(0, start - zeros_end) : self.pos - zeros_end]
+        return out
+
+
+def _presigned(node: LotaProcess, bucket: str, key: str) -> str:
+    return str(
+        client_for(node.url).generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}
+        )
+    )
+
+
+def _chunk_files(root: Path) -> list[Path]:
+    return [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and p.suffix.lstrip(".").isdigit() and "chunks" in p.parts
+    ]
+
+
+def _du(root: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())

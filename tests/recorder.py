@@ -1,0 +1,138 @@
+"""An HTTP proxy in front of the test origin that records what reaches the origin.
+
+Tests use it to prove what the cache saves: "the origin saw one GET", "the origin sent
+each byte once". It runs its own event loop in a thread and streams bodies both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from lota.devtools import free_port
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: str
+    range: str
+    status: int
+    body_bytes: int
+
+
+class RecordingProxy:
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.seen: list[Seen] = []
+        self.down = False  # when set, refuse connections' requests with a reset
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="recording-proxy", daemon=True)
+
+    def requests(self, method: str | None = None, path: str | None = None) -> list[Seen]:
+        with self._lock:
+            return [
+                s
+                for s in self.seen
+                if (method is None or s.method == method) and (path is None or s.path == path)
+            ]
+
+    def bytes_sent(self, path: str | None = None) -> int:
+        return sum(s.body_bytes for s in self.requests("GET", path))
+
+    def clear(self) -> None:
+        with self._lock:
+            self.seen.clear()
+
+    def start(self) -> RecordingProxy:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._serve())
+        self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            server = web.Server(lambda request: self._forward(session, request))
+            runner = web.ServerRunner(server, handle_signals=False)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", self.port)
+            await site.start()
+            self._ready.set()
+            await self._stop.wait()
+            await runner.cleanup()
+
+    async def _forward(
+        self, session: aiohttp.ClientSession, request: web.BaseRequest
+    ) -> web.StreamResponse:
+        if self.down:
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("origin is down")
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("host", "transfer-encoding")
+        }
+        body = request.content if request.body_exists else None
+        url = self.target + request.raw_path
+        async with session.request(
+            request.method,
+            url,
+            headers=headers,
+            data=body,
+            allow_redirects=False,
+            skip_auto_headers=("Content-Type", "Accept-Encoding", "User-Agent"),
+        ) as upstream:
+            response = web.StreamResponse(status=upstream.status)
+            for name, value in upstream.headers.items():
+                if name.lower() not in ("transfer-encoding", "connection"):
+                    response.headers.add(name, value)
+            await response.prepare(request)
+            sent = 0
+            if request.method != "HEAD":
+                async for piece in upstream.content.iter_chunked(256 * 1024):
+                    sent += len(piece)
+                    await response.write(piece)
+            await response.write_eof()
+        with self._lock:
+            self.seen.append(
+                Seen(
+                    request.method,
+                    request.path,
+                    request.query_string,
+                    request.headers.get("range", ""),
+                    upstream.status,
+                    sent,
+                )
+            )
+        return response
+
+
+@contextmanager
+def recording_proxy(target: str) -> Iterator[RecordingProxy]:
+    proxy = RecordingProxy(target).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

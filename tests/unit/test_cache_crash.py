@@ -1,0 +1,300 @@
+"""The chunk store across crashes: kill -9 mid-fill, damaged leftovers, the start-up sweep,
+the ordering of index rows after files, and start-up time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sqlite3
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lota
+from lota.cache.files import ChunkFiles
+from lota.cache.index import Index
+from lota.cache.layout import chunk_path, new_stem, subdir
+from lota.cache.store import CachedObject, CacheStore, ObjectMeta
+from lota.clock import Clock
+
+CS = 64 * 1024
+MakeStore = Callable[..., Awaitable[CacheStore]]
+REPO = Path(lota.__file__).resolve().parent.parent
+
+# The child fills chunks until it is killed; both sides derive chunk bytes from the same seed.
+CHILD = textwrap.dedent(
+    """
+    import asyncio, itertools, random, sys
+    from lota.cache.store import CacheStore, ObjectMeta
+    from lota.clock import Clock
+
+    CS = 64 * 1024
+
+    async def main(root):
+        store = CacheStore([root + "/d0", root + "/d1"], 40 * CS, CS, clock=Clock(),
+                           scrub_interval=0, sweep_delay=3600)
+        await store.open()
+        for n in itertools.count():
+            obj = await store.admit(ObjectMeta("b", f"k{n}", "e", 3 * CS + 7, "", ()))
+            for i in range(4):
+                length = min(CS, obj.meta.size - i * CS)
+                data = random.Random(f"k{n}/{i}").randbytes(length)
+                writer = await store.begin_chunk(obj, i)
+                for start in range(0, length, 8192):
+                    await writer.write(data[start:start + 8192])
+                    await asyncio.sleep(0.0005)
+                await writer.commit()
+                print(n, i, flush=True)
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+def expected(key: str, index: int, size: int) -> bytes:
+    return random.Random(f"{key}/{index}").randbytes(min(CS, size - index * CS))
+
+
+def chunk_files(*roots: Path) -> list[Path]:
+    return sorted(p for r in roots for p in (r / "chunks").rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> list[Path]:
+    return [tmp_path / "d0", tmp_path / "d1"]
+
+
+@pytest.fixture
+async def make_store(dirs: list[Path]) -> AsyncIterator[MakeStore]:
+    stores: list[CacheStore] = []
+
+    async def make(**kw: Any) -> CacheStore:
+        kw.setdefault("sweep_delay", 3600)
+        store = CacheStore(
+            [str(d) for d in dirs],
+            kw.pop("size", 40 * CS),
+            CS,
+            clock=Clock(),
+            scrub_interval=0,
+            **kw,
+        )
+        await store.open()
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()
+
+
+async def fill(store: CacheStore, obj: CachedObject, index: int) -> None:
+    writer = await store.begin_chunk(obj, index)
+    assert writer is not None
+    await writer.write(expected(obj.meta.key, index, obj.meta.size))
+    await writer.commit()
+
+
+async def test_kill_9_mid_fill_serves_only_complete_chunks(
+    tmp_path: Path, dirs: list[Path], make_store: MakeStore
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CHILD, str(tmp_path), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert child.stdout is not None
+    commits = 0
+    while commits < 60:
+        line = await asyncio.wait_for(child.stdout.readline(), 30)
+        assert line, "the child died on its own"
+        commits += 1
+    child.send_signal(signal.SIGKILL)
+    await child.communicate()
+    assert child.returncode == -signal.SIGKILL
+
+    store = await make_store()
+    served = 0
+    for n in range(commits // 4 + 2):
+        obj = store.lookup("b", f"k{n}")
+        for index in range(4 if obj else 0):
+            assert obj is not None
+            reader = await store.open_chunk(obj, index)
+            if reader is not None:
+                data = os.pread(reader.fd, CS + 1, 0)
+                reader.close()
+                assert data == expected(f"k{n}", index, obj.meta.size)
+                served += 1
+    assert served >= 8, "the index lost more than a few of the last commits"
+    await store.sweep()
+    leftovers = [p for p in chunk_files(*dirs) if p.name.endswith(".tmp")]
+    assert leftovers == []
+    assert len(chunk_files(*dirs)) == store.stats()["chunks"]
+
+
+async def test_leftovers_of_a_crash_are_swept(dirs: list[Path], make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(ObjectMeta("b", "k", "e", 5 * CS, "", ()))
+    for index in range(3):
+        await fill(store, obj, index)
+    paths = [chunk_path(store._dirs[obj.chunks[i].dir], obj.stem, i) for i in range(3)]
+    await store.close()
+
+    os.truncate(paths[1], 10)  # a row whose file is too short
+    os.unlink(paths[2])  # a row whose file is missing
+    orphan_live = Path(chunk_path(str(dirs[0]), obj.stem, 4))  # no row, live object
+    dead = new_stem("b", "gone", "e", "")
+    orphan_dead = Path(chunk_path(str(dirs[1]), dead, 0))  # no row, no object
+    temp = Path(subdir(str(dirs[0]), obj.stem)) / f"{obj.stem}.3.abcd1234.tmp"
+    for path in (orphan_live, orphan_dead, temp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\0" * 100)
+
+    store = await make_store()
+    obj = store.lookup("b", "k")
+    assert obj is not None
+    reader = await store.open_chunk(obj, 0)
+    assert reader is not None
+    reader.close()
+    assert await store.open_chunk(obj, 1) is None
+    counts = await store.sweep()
+    assert counts == {"deleted": 3, "missing": 1}
+    assert [store.has_chunk(obj, i) for i in range(5)] == [True, False, False, False, False]
+    await store.flush()
+    assert chunk_files(*dirs) == [Path(paths[0])]
+    assert not orphan_dead.parent.exists()  # emptied directories are removed
+    await store.close()
+
+    store = await make_store()
+    obj = store.lookup("b", "k")
+    assert obj is not None and list(obj.chunks) == [0]
+
+
+async def test_background_sweep_runs_after_open(dirs: list[Path], make_store: MakeStore) -> None:
+    store = await make_store()
+    await store.close()
+    stray = dirs[1] / "chunks" / "ab" / "cd" / "whatever.0.0000.tmp"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"x")
+    store = await make_store(sweep_delay=0)
+    for _ in range(100):
+        if not stray.exists():
+            break
+        await asyncio.sleep(0.02)
+    assert not stray.exists()
+    assert store.stats()["swept_deleted"] == 1
+
+
+async def test_index_row_is_committed_only_after_the_rename(
+    dirs: list[Path], make_store: MakeStore
+) -> None:
+    gate = threading.Event()
+
+    class SlowPublish(ChunkFiles):
+        def publish(self, fd: int, temp: str, final: str, fsync: bool) -> None:
+            gate.wait(10)
+            super().publish(fd, temp, final, fsync)
+
+    store = await make_store(files=SlowPublish())
+    obj = await store.admit(ObjectMeta("b", "k", "e", CS, "", ()))
+    writer = await store.begin_chunk(obj, 0)
+    assert writer is not None
+    await writer.write(expected("k", 0, CS))
+    commit = asyncio.create_task(writer.commit())
+    await asyncio.sleep(0.1)
+    await store.flush()
+    assert rows(dirs[0]) == 0
+    gate.set()
+    await commit
+    await store.flush()
+    assert rows(dirs[0]) == 1
+
+
+def rows(root: Path) -> int:
+    with sqlite3.connect(root / "index.sqlite") as conn:
+        count: int = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    conn.close()
+    return count
+
+
+async def test_changed_chunk_size_starts_empty(dirs: list[Path], make_store: MakeStore) -> None:
+    store = await make_store()
+    await fill(store, await store.admit(ObjectMeta("b", "k", "e", CS, "", ())), 0)
+    await store.close()
+    other = CacheStore([str(d) for d in dirs], 40 * CS, 2 * CS, clock=Clock(), scrub_interval=0)
+    await other.open()
+    try:
+        assert other.lookup("b", "k") is None
+        await other.sweep()
+        assert chunk_files(*dirs) == []
+    finally:
+        await other.close()
+
+
+async def test_dropped_dir_keeps_the_others_chunks(tmp_path: Path, dirs: list[Path]) -> None:
+    first = CacheStore([str(d) for d in dirs], 40 * CS, CS, clock=Clock(), scrub_interval=0)
+    await first.open()
+    obj = await first.admit(ObjectMeta("b", "k", "e", 20 * CS, "", ()))
+    for index in range(20):
+        await fill(first, obj, index)
+    on_d0 = sorted(i for i, c in obj.chunks.items() if c.dir == 0)
+    await first.close()
+
+    second = CacheStore([str(dirs[0])], 40 * CS, CS, clock=Clock(), scrub_interval=0)
+    await second.open()
+    try:
+        again = second.lookup("b", "k")
+        assert again is not None and sorted(again.chunks) == on_d0
+        for index in on_d0:
+            reader = await second.open_chunk(again, index)
+            assert reader is not None
+            reader.close()
+    finally:
+        await second.close()
+
+
+async def test_start_up_time_for_200k_chunk_rows(dirs: list[Path]) -> None:
+    """Not a timed assertion: prints how long open() takes over a large index."""
+    dirs[0].mkdir()
+    index = Index(str(dirs[0] / "index.sqlite"), chunk_size=CS, dirs=[str(d) for d in dirs])
+    await index.open()
+    for n in range(20_000):
+        stem = new_stem("bucket", f"shard-{n:06d}.tar", '"etag"', "")
+        index.put_object((stem, "bucket", f"shard-{n:06d}.tar", '"etag"', "", 10 * CS, "",
+                          '[["content-type", "application/x-tar"]]', 0.0, "[]"))  # fmt: skip
+        for i in range(10):
+            index.put_chunk(stem, i, i % 2, CS, random.getrandbits(64))
+    await index.close()
+
+    store = CacheStore([str(d) for d in dirs], 1 << 40, CS, clock=Clock(), scrub_interval=0)
+    started = time.perf_counter()
+    await store.open()
+    elapsed = time.perf_counter() - started
+    try:
+        assert store.stats()["chunks"] == 200_000
+        print(f"\ncache start-up with 200,000 chunk rows: {elapsed:.2f}s")
+    finally:
+        await store.close()
+
+
+async def test_unreadable_index_starts_an_empty_cache(
+    dirs: list[Path], make_store: MakeStore
+) -> None:
+    store = await make_store()
+    await fill(store, await store.admit(ObjectMeta("b", "k", "e", CS, "", ())), 0)
+    await store.close()
+    for suffix in ("-wal", "-shm"):
+        (dirs[0] / f"index.sqlite{suffix}").unlink(missing_ok=True)
+    (dirs[0] / "index.sqlite").write_bytes(b"this is not a database" * 1000)
+    store = await make_store()
+    assert store.lookup("b", "k") is None
+    await store.sweep()
+    assert chunk_files(*dirs) == []
+    await fill(store, await store.admit(ObjectMeta("b", "k", "e", CS, "", ())), 0)

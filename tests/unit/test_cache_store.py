@@ -1,0 +1,642 @@
+"""The chunk store on real files: fills, hits, identity, verification, budget, disk errors."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lota.cache.files import ChunkFiles
+from lota.cache.layout import (
+    blocks,
+    chunk_count,
+    chunk_length,
+    chunk_path,
+    new_stem,
+    parse_final,
+    rank_dirs,
+)
+from lota.cache.store import CachedObject, CacheStore, CacheWriteError, ObjectMeta
+from lota.clock import FakeClock
+
+CS = 64 * 1024
+MakeStore = Callable[..., Awaitable[CacheStore]]
+
+
+def meta(key: str = "k", etag: str = '"e1"', size: int = 3 * CS + 100, **kw: Any) -> ObjectMeta:
+    return ObjectMeta(
+        bucket=kw.pop("bucket", "b"),
+        key=key,
+        etag=etag,
+        size=size,
+        last_modified="Wed, 02 Dec 2026 10:00:00 GMT",
+        headers=(("content-type", "application/octet-stream"), ("x-amz-meta-a", "1")),
+        **kw,
+    )
+
+
+def content(m: ObjectMeta, index: int) -> bytes:
+    length = max(0, min(CS, m.size - index * CS))
+    return random.Random(f"{m.key}/{m.etag}/{index}").randbytes(length)
+
+
+async def fill(store: CacheStore, obj: CachedObject, index: int, piece: int = 10_000) -> None:
+    writer = await store.begin_chunk(obj, index)
+    assert writer is not None
+    data = content(obj.meta, index)
+    for start in range(0, len(data), piece):
+        await writer.write(data[start : start + piece])
+    await writer.commit()
+
+
+async def fill_all(store: CacheStore, obj: CachedObject) -> None:
+    for index in range(obj.chunk_count(CS)):
+        await fill(store, obj, index)
+
+
+async def read(store: CacheStore, obj: CachedObject, index: int) -> bytes | None:
+    reader = await store.open_chunk(obj, index)
+    if reader is None:
+        return None
+    try:
+        return os.pread(reader.fd, reader.length + 1, 0)
+    finally:
+        reader.close()
+
+
+def files_under(*roots: Path) -> list[Path]:
+    return sorted(p for root in roots for p in root.rglob("*") if p.is_file())
+
+
+def du(*roots: Path) -> int:
+    """What ``du -sb`` reports: apparent sizes of every file and directory."""
+    return sum(p.lstat().st_size for root in roots for p in [root, *root.rglob("*")] if p.exists())
+
+
+def flip_byte(path: str, offset: int = 100) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+class FaultyFiles(ChunkFiles):
+    """Real file operations, except that fills in `failing` dirs hit ENOSPC (or `error`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing: set[str] = set()
+        self.fail_create = False
+        self.error = errno.ENOSPC
+        self.gate: threading.Event | None = None
+        self._fds: dict[int, str] = {}
+
+    def create(self, directory: str, name: str) -> tuple[int, int]:
+        if self.fail_create and self._in_failing(directory):
+            raise OSError(self.error, os.strerror(self.error), directory)
+        fd, made = super().create(directory, name)
+        self._fds[fd] = directory
+        return fd, made
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self._in_failing(self._fds.get(fd, "")):
+            raise OSError(self.error, os.strerror(self.error))
+        super().write(fd, data)
+
+    def _in_failing(self, path: str) -> bool:
+        return any(path.startswith(root + os.sep) for root in self.failing)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> list[Path]:
+    return [tmp_path / "nvme0", tmp_path / "nvme1"]
+
+
+@pytest.fixture
+async def make_store(dirs: list[Path], clock: FakeClock) -> AsyncIterator[MakeStore]:
+    stores: list[CacheStore] = []
+
+    async def make(**kw: Any) -> CacheStore:
+        kw.setdefault("scrub_interval", 0)
+        kw.setdefault("sweep_delay", 3600)
+        store = CacheStore(
+            [str(d) for d in kw.pop("dirs", dirs)], kw.pop("size", 64 * CS), CS, clock=clock, **kw
+        )
+        await store.open()
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()
+
+
+# Fills and hits
+
+
+async def test_filled_chunks_read_back_exactly(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    for index in range(4):
+        assert store.has_chunk(obj, index)
+        assert await read(store, obj, index) == content(obj.meta, index)
+    stats = store.stats()
+    assert (stats["fills"], stats["hits"], stats["chunks"], stats["reserved_bytes"]) == (4, 4, 4, 0)
+
+
+async def test_reopened_store_serves_the_same_chunks_and_metadata(make_store: MakeStore) -> None:
+    store = await make_store()
+    m = meta(version_id="v1", validated_at=123.5, parts=((1, 0, CS - 1), (2, CS, 3 * CS + 99)))
+    obj = await store.admit(m)
+    await fill_all(store, obj)
+    await store.close()
+
+    store = await make_store()
+    again = store.lookup("b", "k")
+    assert again is not None
+    assert again.meta == m
+    assert [await read(store, again, i) for i in range(4)] == [content(m, i) for i in range(4)]
+    assert store.stats()["verified"] == 4  # after-restart: each chunk's first read checked it
+    await read(store, again, 0)
+    assert store.stats()["verified"] == 4
+
+
+async def test_object_keys_never_reach_file_names(make_store: MakeStore, dirs: list[Path]) -> None:
+    store = await make_store()
+    for key in ("../../etc/passwd", "/abs/../..", "a\0b", "ünï/cødé", "x" * 1024):
+        obj = await store.admit(meta(key=key, size=100))
+        await fill(store, obj, 0)
+    await store.flush()
+    chunk_files = [p for p in files_under(*dirs) if not p.name.startswith("index.sqlite")]
+    assert len(chunk_files) == 5
+    for path in chunk_files:
+        assert path.parent.parent.parent.name == "chunks"
+        assert path.name.split(".")[0].isalnum() and len(path.name.split(".")[0]) == 32
+
+
+async def test_empty_object_is_an_entry_without_chunks(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta(size=0))
+    assert obj.chunk_count(CS) == 0
+    assert store.lookup("b", "k") is obj
+    with pytest.raises(ValueError, match="outside"):
+        await store.begin_chunk(obj, 0)
+
+
+# Identity: ETags, invalidation, fills racing them
+
+
+async def test_new_etag_drops_the_old_chunks(make_store: MakeStore, dirs: list[Path]) -> None:
+    store = await make_store()
+    old = await store.admit(meta(etag='"e1"'))
+    await fill_all(store, old)
+    new = await store.admit(meta(etag='"e2"'))
+    assert new is not old and store.lookup("b", "k") is new
+    assert not old.alive and not store.has_chunk(old, 0)
+    assert await read(store, old, 0) is None
+    assert not any(store.has_chunk(new, i) for i in range(4))
+    await store.flush()
+    assert [p.name for p in files_under(*dirs)] == [
+        "index.sqlite",
+        "index.sqlite-shm",
+        "index.sqlite-wal",
+    ]
+    await fill(store, new, 0)
+    assert await read(store, new, 0) == content(new.meta, 0)
+
+
+async def test_same_etag_keeps_chunks_and_takes_new_metadata(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill(store, obj, 1)
+    refreshed = await store.admit(meta(validated_at=99.0, parts=((1, 0, 5),)))
+    assert refreshed is obj
+    assert obj.meta.validated_at == 99.0 and obj.meta.parts == ((1, 0, 5),)
+    assert await read(store, obj, 1) == content(obj.meta, 1)
+
+
+async def test_new_version_with_same_etag_is_a_new_object(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta(version_id="v1"))
+    await fill(store, obj, 0)
+    other = await store.admit(meta(version_id="v2"))
+    assert other is not obj and not store.has_chunk(other, 0)
+
+
+async def test_invalidate_and_invalidate_prefix(make_store: MakeStore) -> None:
+    store = await make_store()
+    for key in ("logs/a", "logs/b", "data/c"):
+        await fill(store, await store.admit(meta(key=key)), 0)
+    await store.invalidate("b", "data/c")
+    await store.invalidate("b", "never-cached")
+    assert store.lookup("b", "data/c") is None
+    assert await store.invalidate_prefix("b", "logs/") == 2
+    assert await store.invalidate_prefix("other-bucket", "") == 0
+    assert store.stats()["objects"] == 0 and store.stats()["chunks"] == 0
+
+
+async def test_commit_after_invalidate_is_not_servable(
+    make_store: MakeStore, dirs: list[Path]
+) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    writer = await store.begin_chunk(obj, 0)
+    assert writer is not None
+    await writer.write(content(obj.meta, 0))
+    await store.invalidate("b", "k")
+    await writer.commit()
+    again = await store.admit(meta())
+    assert not store.has_chunk(again, 0) and await read(store, again, 0) is None
+    await store.flush()
+    assert [p for p in files_under(*dirs) if ".sqlite" not in p.name] == []
+    assert store.stats()["discarded_commits"] == 1
+    assert store.stats()["reserved_bytes"] == 0
+
+
+async def test_publish_racing_a_replacement_is_discarded(make_store: MakeStore) -> None:
+    files = FaultyFiles()
+    store = await make_store(files=files)
+    obj = await store.admit(meta())
+    writer = await store.begin_chunk(obj, 0)
+    assert writer is not None
+    await writer.write(content(obj.meta, 0))
+    real_publish = files.publish
+
+    def slow_publish(*args: Any) -> None:
+        gate.wait(10)
+        real_publish(*args)
+
+    gate = threading.Event()
+    files.publish = slow_publish  # type: ignore[method-assign]
+    commit = asyncio.create_task(writer.commit())
+    await asyncio.sleep(0.05)
+    new = await store.admit(meta(etag='"e2"'))
+    gate.set()
+    await commit
+    assert not store.has_chunk(obj, 0) and not store.has_chunk(new, 0)
+    await store.flush()
+    assert not os.path.exists(chunk_path(str(store._dirs[writer.dir]), obj.stem, 0))
+
+
+# Writers
+
+
+async def test_writer_rejects_wrong_lengths_and_cleans_up(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    short = await store.begin_chunk(obj, 0)
+    assert short is not None
+    await short.write(b"x" * 10)
+    with pytest.raises(CacheWriteError):
+        await short.commit()
+    assert not os.path.exists(short.path)
+
+    long = await store.begin_chunk(obj, 3)
+    assert long is not None
+    with pytest.raises(CacheWriteError):
+        await long.write(b"x" * (long.length + 1))
+    with pytest.raises(CacheWriteError):
+        await long.write(b"x")
+    await long.abort()
+    await store.flush()
+    assert not os.path.exists(long.path)
+    assert store.stats()["reserved_bytes"] == 0 and store.stats()["writers"] == 0
+
+
+async def test_one_writer_per_chunk(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    first = await store.begin_chunk(obj, 0)
+    assert first is not None
+    assert await store.begin_chunk(obj, 0) is None
+    await first.abort()
+    await store.flush()
+    await fill(store, obj, 0)
+    assert await store.begin_chunk(obj, 0) is None
+
+
+async def test_readers_can_follow_a_fill_through_its_temp_file(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    writer = await store.begin_chunk(obj, 0)
+    assert writer is not None
+    data = content(obj.meta, 0)
+    await writer.write(data[:1000])
+    fd = os.open(writer.path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, writer.written, 0) == data[:1000]
+        await writer.write(data[1000:])
+        await writer.commit()
+        assert os.pread(fd, CS, 0) == data
+    finally:
+        os.close(fd)
+
+
+async def test_cancelled_write_releases_everything(make_store: MakeStore) -> None:
+    files = FaultyFiles()
+    store = await make_store(files=files)
+    obj = await store.admit(meta())
+    writer = await store.begin_chunk(obj, 0)
+    assert writer is not None
+    files.gate = threading.Event()
+    task = asyncio.create_task(writer.write(b"x" * 1000))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    files.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await writer.abort()
+    assert not os.path.exists(writer.path)
+    assert store.stats()["reserved_bytes"] == 0
+    assert await store.begin_chunk(obj, 0) is not None
+
+
+async def test_close_aborts_fills_in_progress(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    writer = await store.begin_chunk(obj, 0)
+    assert writer is not None
+    await writer.write(b"x" * 100)
+    await store.close()
+    assert not os.path.exists(writer.path)
+    with pytest.raises(CacheWriteError):
+        await writer.write(b"y")
+    assert await store.begin_chunk(obj, 1) is None
+
+
+# Verification
+
+
+async def test_flipped_byte_found_after_restart_drops_the_chunk(
+    make_store: MakeStore,
+) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    path = chunk_path(store._dirs[obj.chunks[1].dir], obj.stem, 1)
+    await store.close()
+    flip_byte(path)
+
+    store = await make_store()
+    obj2 = store.lookup("b", "k")
+    assert obj2 is not None
+    assert await read(store, obj2, 1) is None
+    assert not store.has_chunk(obj2, 1)
+    assert store.stats()["corrupt"] == 1
+    await store.flush()
+    assert not os.path.exists(path)
+    assert await read(store, obj2, 0) == content(obj2.meta, 0)
+    await fill(store, obj2, 1)
+    assert await read(store, obj2, 1) == content(obj2.meta, 1)
+
+
+@pytest.mark.parametrize(("verify", "served"), [("after-restart", True), ("always", False)])
+async def test_damage_after_a_fill_in_this_process(
+    make_store: MakeStore, verify: str, served: bool
+) -> None:
+    """after-restart trusts what this process wrote; always checks every read."""
+    store = await make_store(verify=verify)
+    obj = await store.admit(meta())
+    await fill(store, obj, 0)
+    flip_byte(chunk_path(store._dirs[obj.chunks[0].dir], obj.stem, 0))
+    assert (await read(store, obj, 0) is not None) is served
+
+
+async def test_truncated_chunk_is_never_served_even_without_verification(
+    make_store: MakeStore,
+) -> None:
+    store = await make_store(verify="never")
+    obj = await store.admit(meta())
+    await fill(store, obj, 0)
+    os.truncate(chunk_path(store._dirs[obj.chunks[0].dir], obj.stem, 0), 100)
+    assert await read(store, obj, 0) is None
+    assert not store.has_chunk(obj, 0)
+
+
+async def test_concurrent_first_reads_share_one_verification(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill(store, obj, 0)
+    await store.close()
+    store = await make_store()
+    obj = store.lookup("b", "k")
+    assert obj is not None
+    readers = await asyncio.gather(*(store.open_chunk(obj, 0) for _ in range(10)))
+    for reader in readers:
+        assert reader is not None
+        reader.close()
+    assert store.stats()["verified"] == 1
+
+
+async def test_scrub_drops_damaged_idle_chunks(make_store: MakeStore, clock: FakeClock) -> None:
+    store = await make_store(scrub_rate=1 << 40, scrub_idle=60)
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    flip_byte(chunk_path(store._dirs[obj.chunks[2].dir], obj.stem, 2))
+    assert await store.scrub() == 0  # nothing idle yet
+    clock.advance(61)
+    assert await store.scrub() == 1
+    assert [store.has_chunk(obj, i) for i in range(4)] == [True, True, False, True]
+    assert store.stats()["scrubbed"] == 3
+
+
+# Budget, eviction, pinning
+
+
+async def test_writing_three_budgets_stays_under_budget_on_disk(
+    make_store: MakeStore, dirs: list[Path]
+) -> None:
+    budget = 48 * CS
+    store = await make_store(size=budget)
+    written = 0
+    n = 0
+    while written < 3 * budget:
+        obj = await store.admit(meta(key=f"obj{n}", size=6 * CS))
+        n += 1
+        for index in range(6):
+            await fill(store, obj, index)
+            written += CS
+            assert store.usage <= budget
+            assert du(*dirs) <= 1.05 * budget, store.stats()
+    await store.flush()
+    assert du(*dirs) <= 1.05 * budget
+    stats = store.stats()
+    assert stats["evictions"] > 0 and stats["bypassed_writes"] == 0
+    assert stats["bytes_used"] >= du(*dirs) - 3 * 4096  # usage does not undercount the disk
+
+
+async def test_hot_object_survives_a_scan(make_store: MakeStore) -> None:
+    store = await make_store(size=48 * CS)
+    hot = await store.admit(meta(key="hot", size=8 * CS))
+    await fill_all(store, hot)
+    for index in range(8):
+        assert await read(store, hot, index) is not None
+    for n in range(40):
+        cold = await store.admit(meta(key=f"cold{n}", size=4 * CS))
+        await fill_all(store, cold)
+    assert all(store.has_chunk(hot, i) for i in range(8))
+    assert store.stats()["evictions"] > 100
+
+
+async def test_pinned_prefix_is_never_evicted(make_store: MakeStore) -> None:
+    store = await make_store(size=48 * CS, pinned=("b/ckpt/",))
+    pinned = await store.admit(meta(key="ckpt/step100", size=10 * CS))
+    await fill_all(store, pinned)
+    for n in range(40):
+        await fill_all(store, await store.admit(meta(key=f"data{n}", size=4 * CS)))
+    assert all(store.has_chunk(pinned, i) for i in range(10))
+    assert store.stats()["pinned_bytes"] == 10 * CS
+
+
+async def test_no_room_when_everything_is_pinned_means_pass_through(
+    make_store: MakeStore,
+) -> None:
+    store = await make_store(size=16 * CS, pinned=("b",))
+    obj = await store.admit(meta(size=40 * CS))
+    filled = 0
+    for index in range(40):
+        writer = await store.begin_chunk(obj, index)
+        if writer is None:
+            break
+        await writer.write(content(obj.meta, index))
+        await writer.commit()
+        filled += 1
+    assert 0 < filled < 16
+    assert store.stats()["bypassed_writes"] == 1
+    assert store.usage <= store.budget
+
+
+async def test_chunks_being_read_are_not_evicted(make_store: MakeStore) -> None:
+    store = await make_store(size=32 * CS)
+    first = await store.admit(meta(key="first", size=2 * CS))
+    await fill_all(store, first)
+    reader = await store.open_chunk(first, 0)
+    assert reader is not None
+    try:
+        for n in range(30):
+            await fill_all(store, await store.admit(meta(key=f"x{n}", size=2 * CS)))
+        assert store.has_chunk(first, 0) and not store.has_chunk(first, 1)
+    finally:
+        reader.close()
+
+
+async def test_invalidated_chunk_stays_readable_and_counted_until_closed(
+    make_store: MakeStore,
+) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill(store, obj, 0)
+    reader = await store.open_chunk(obj, 0)
+    assert reader is not None
+    await store.invalidate("b", "k")
+    await store.flush()
+    assert store.stats()["chunk_bytes"] == CS
+    assert os.pread(reader.fd, CS, 0) == content(obj.meta, 0)
+    reader.close()
+    assert store.stats()["chunk_bytes"] == 0
+
+
+# Failing disks
+
+
+async def test_enospc_aborts_the_fill_and_rests_the_dir(
+    make_store: MakeStore, dirs: list[Path], clock: FakeClock
+) -> None:
+    files = FaultyFiles()
+    store = await make_store(files=files)
+    files.failing = {str(dirs[0])}
+    obj = await store.admit(meta(size=20 * CS))
+    failed_on = None
+    for index in range(20):
+        writer = await store.begin_chunk(obj, index)
+        assert writer is not None
+        try:
+            await writer.write(content(obj.meta, index))
+            await writer.commit()
+        except CacheWriteError:
+            failed_on = index
+            assert writer.dir == 0 and not os.path.exists(writer.path)
+    assert failed_on is not None
+    assert sum(store.has_chunk(obj, i) for i in range(20)) == 19
+    assert {c.dir for c in obj.chunks.values()} == {1}
+    stats = store.stats()
+    assert (stats["write_errors"], stats["dirs_unhealthy"], stats["reserved_bytes"]) == (1, 1, 0)
+
+    files.failing = set()
+    clock.advance(61)
+    await fill(store, obj, failed_on)
+    assert store.stats()["dirs_unhealthy"] == 0
+
+
+async def test_every_dir_failing_means_pass_through(
+    make_store: MakeStore, dirs: list[Path]
+) -> None:
+    files = FaultyFiles()
+    store = await make_store(files=files)
+    files.failing = {str(d) for d in dirs}
+    files.fail_create = True
+    files.error = errno.EROFS
+    obj = await store.admit(meta())
+    assert await store.begin_chunk(obj, 0) is None
+    assert store.stats()["bypassed_writes"] == 1 and store.stats()["reserved_bytes"] == 0
+
+
+async def test_a_broken_dir_is_skipped(make_store: MakeStore, dirs: list[Path]) -> None:
+    """A real failure, no injection: the chunks directory of one drive is now a file."""
+    store = await make_store()
+    (dirs[1] / "chunks").rmdir()
+    (dirs[1] / "chunks").write_bytes(b"not a directory")
+    obj = await store.admit(meta(size=10 * CS))
+    await fill_all(store, obj)
+    assert {c.dir for c in obj.chunks.values()} == {0}
+    assert store.stats()["write_errors"] == 1
+
+
+async def test_entries_without_chunks_are_bounded(make_store: MakeStore) -> None:
+    store = await make_store(max_bare_objects=5)
+    filled = await store.admit(meta(key="filled"))
+    await fill(store, filled, 0)
+    for n in range(10):
+        await store.admit(meta(key=f"head-only-{n}", size=0))
+    assert store.lookup("b", "filled") is filled
+    assert [store.lookup("b", f"head-only-{n}") is not None for n in range(10)] == [False] * 5 + [
+        True
+    ] * 5
+
+
+# Layout (pure)
+
+
+def test_rendezvous_moves_only_the_chunks_of_a_lost_dir() -> None:
+    stem = new_stem("b", "k", "e", "")
+    before = {i: rank_dirs(stem, i, [0, 1, 2])[0] for i in range(300)}
+    after = {i: rank_dirs(stem, i, [0, 2])[0] for i in range(300)}
+    assert all(after[i] == before[i] for i in range(300) if before[i] != 1)
+    assert 60 < sum(1 for d in before.values() if d == 1) < 140
+
+
+def test_chunk_arithmetic_and_names() -> None:
+    assert [chunk_length(2 * CS + 5, CS, i) for i in range(4)] == [CS, CS, 5, 0]
+    assert chunk_count(2 * CS + 5, CS) == 3 and chunk_count(0, CS) == 0
+    assert blocks(1) == 4096 and blocks(4096) == 4096 and blocks(0) == 0
+    stem = new_stem("b", "../../etc/x", "e", "")
+    assert new_stem("b", "../../etc/x", "e", "") != stem  # fresh names per admission
+    assert parse_final(f"{stem}.12") == (stem, 12)
+    for name in (f"{stem}.1.abcd.tmp", "../x.1", f"{stem}.-1", f"{stem.upper()}.1", f"{stem}.1.x"):
+        assert parse_final(name) is None
