@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--cache-size", help="cache byte budget, e.g. 10GiB")
     serve.add_argument("--auth", choices=["sigv4", "none"], help="client authentication")
     serve.add_argument("--credentials", help="credentials file (TOML) for sigv4")
+    serve.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    serve.add_argument("--tls-key", help="the certificate's private key (PEM)")
     serve.add_argument(
         "--embedded-origin",
         action="store_true",
@@ -81,6 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
         "cache.size": args.cache_size,
         "auth.mode": args.auth,
         "auth.credentials": args.credentials,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
     }
     path = args.config or os.environ.get("LOTA_CONFIG")
 

@@ -117,6 +117,9 @@ class CacheConfig:
     scrub_interval: float = 3600.0
     # fsync each chunk before it becomes servable (survives power loss, not just kill -9).
     fsync: bool = True
+    # Start evicting when usage passes high_watermark x size; evict down to low_watermark x size.
+    high_watermark: float = 0.95
+    low_watermark: float = 0.90
 
     def __post_init__(self) -> None:
         if self.verify not in ("always", "after-restart", "never"):
@@ -125,6 +128,8 @@ class CacheConfig:
             raise ConfigError("cache.chunk_size must be a power of two of at least 64KiB")
         if self.dirs and self.size < 4 * self.chunk_size:
             raise ConfigError("cache.size must hold at least four chunks")
+        if not 0 < self.low_watermark < self.high_watermark <= 1:
+            raise ConfigError("cache watermarks need 0 < low_watermark < high_watermark <= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

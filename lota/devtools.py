@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -32,6 +33,10 @@ PRINCIPALS = {
     "reader": ("AKIAREADER000000001", "reader-secret-000000000000000000000000", READER_POLICY),
     "guarded": ("AKIAGUARDED00000001", "guarded-secret-00000000000000000000000", GUARDED_POLICY),
 }
+# Test nodes serve HTTPS with throw-away self-signed certificates.
+_UNVERIFIED = ssl.create_default_context()
+_UNVERIFIED.check_hostname = False
+_UNVERIFIED.verify_mode = ssl.CERT_NONE
 ORIGIN_KEYS = {"AWS_ACCESS_KEY_ID": "lota-origin", "AWS_SECRET_ACCESS_KEY": "lota-origin-secret"}
 
 
@@ -73,7 +78,9 @@ class LotaProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"lota exited {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.url + "/_lota/readyz", timeout=1) as r:
+                with urllib.request.urlopen(
+                    self.url + "/_lota/readyz", timeout=1, context=_UNVERIFIED
+                ) as r:
                     if r.status == 200:
                         return self
             except OSError:

@@ -78,7 +78,11 @@ async def verified_body(
 
 
 async def read_small_body(
-    request: web.BaseRequest, decoder: BodyDecoder, metrics: Metrics, limit: int, idle_timeout: float
+    request: web.BaseRequest,
+    decoder: BodyDecoder,
+    metrics: Metrics,
+    limit: int,
+    idle_timeout: float,
 ) -> bytes:
     """Read and verify a whole request body that LOTA must look into (DeleteObjects)."""
     body = bytearray()

@@ -14,6 +14,7 @@ Errors become S3 XML wherever they happen, including in aiohttp's own HTTP parse
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import signal
@@ -123,8 +124,12 @@ class Node:
             pinned=c.pinned,
             fsync=c.fsync,
             scrub_interval=c.scrub_interval,
+            high_watermark=c.high_watermark,
+            low_watermark=c.low_watermark,
         )
         await self.store.open()
+        # The index just loaded is long-lived: keep the collector from rescanning it.
+        gc.freeze()
         self.metrics.watch_store(self.store)
         filler = Filler(self.store, c.chunk_size, self.metrics, self.clock, self.tasks)
         self._reads = ReadPath(self.store, filler, c, self.clock, self.metrics)

@@ -33,12 +33,15 @@ def aws(lota: LotaProcess, home: Path, *args: str) -> str:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert done.returncode == 0, f"aws {' '.join(args)} failed:\n{done.stderr}"
     return done.stdout
 
 
-def test_aws_cli_cp_sync_ls_rm(lota: LotaProcess, bucket: str, origin_s3: Any, tmp_path: Path) -> None:
+def test_aws_cli_cp_sync_ls_rm(
+    lota: LotaProcess, bucket: str, origin_s3: Any, tmp_path: Path
+) -> None:
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(20 * MiB))  # above the CLI's 8 MiB multipart threshold
     aws(lota, tmp_path, "s3", "cp", str(big), f"s3://{bucket}/big.bin")

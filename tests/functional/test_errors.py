@@ -71,7 +71,9 @@ def signed(
     prepared = request.prepare()
     lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{lota.port}"]
     lines += [
-        f"{k}: {v}" for k, v in prepared.headers.items() if k.lower() not in ("host", "content-length")
+        f"{k}: {v}"
+        for k, v in prepared.headers.items()
+        if k.lower() not in ("host", "content-length")
     ]
     lines += [f"Content-Length: {len(body)}", "Connection: close"]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
@@ -83,7 +85,9 @@ def error_code(body: bytes) -> str:
     return root.findtext("Code") or ""
 
 
-def test_wrong_secret_is_signature_does_not_match(lota: LotaProcess, bucket: str, origin_s3: Any) -> None:
+def test_wrong_secret_is_signature_does_not_match(
+    lota: LotaProcess, bucket: str, origin_s3: Any
+) -> None:
     status, body = raw(lota, signed(lota, "PUT", f"/{bucket}/k", b"x", secret="wrong-secret"))
     assert (status, error_code(body)) == (403, "SignatureDoesNotMatch")
     assert origin_s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
@@ -112,7 +116,10 @@ def test_policy_denials_are_access_denied_and_never_reach_the_origin(
     origin_s3.put_object(Bucket=bucket, Key="protected/y", Body=b"keep")
     with pytest.raises(guarded.exceptions.ClientError):
         guarded.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "protected/y"}]})
-    assert sorted(o["Key"] for o in origin_s3.list_objects_v2(Bucket=bucket)["Contents"]) == ["open/x", "protected/y"]
+    assert sorted(o["Key"] for o in origin_s3.list_objects_v2(Bucket=bucket)["Contents"]) == [
+        "open/x",
+        "protected/y",
+    ]
 
 
 def test_a_body_that_does_not_match_its_signed_hash_is_refused(
@@ -126,38 +133,70 @@ def test_a_body_that_does_not_match_its_signed_hash_is_refused(
     assert origin_s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
 
 
-def test_an_expired_presigned_url_is_refused(lota: LotaProcess, bucket: str, origin_s3: Any) -> None:
+def test_an_expired_presigned_url_is_refused(
+    lota: LotaProcess, bucket: str, origin_s3: Any
+) -> None:
     origin_s3.put_object(Bucket=bucket, Key="k", Body=b"secret")
     for version in ("s3v4", "s3"):
         s3 = client_for(lota.url, signature_version=version)
-        url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=1)
+        url = s3.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=1
+        )
         time.sleep(2.1)
         path = url.split(str(lota.port), 1)[1]
-        status, body = raw(lota, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        status, body = raw(
+            lota, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        )
         assert (status, error_code(body)) == (403, "AccessDenied")
         assert b"expired" in body
 
 
 def test_an_unsigned_request_is_refused(lota: LotaProcess, bucket: str) -> None:
-    status, body = raw(lota, f"GET /{bucket}/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    status, body = raw(
+        lota, f"GET /{bucket}/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    )
     assert (status, error_code(body)) == (403, "AccessDenied")
-    status, body = raw(lota, f"PUT /{bucket}/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx".encode())
+    status, body = raw(
+        lota, f"PUT /{bucket}/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx".encode()
+    )
     assert (status, error_code(body)) == (403, "AccessDenied")
 
 
 @pytest.mark.parametrize(
     ("request_bytes", "status", "code"),
     [
-        (b"GET /bkt/k HTTP/1.1\r\nHost: x\r\nAuthorization: AWS4-HMAC-SHA256 garbage\r\n\r\n", 400, "AuthorizationHeaderMalformed"),
+        (
+            b"GET /bkt/k HTTP/1.1\r\nHost: x\r\nAuthorization: AWS4-HMAC-SHA256 garbage\r\n\r\n",
+            400,
+            "AuthorizationHeaderMalformed",
+        ),
         (b"GET /Invalid_Bucket/k HTTP/1.1\r\nHost: x\r\n\r\n", 400, "InvalidBucketName"),
         (b"GET /bkt/" + b"k" * 1025 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 400, "KeyTooLongError"),
-        (b"GET /bkt/k HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 400, "RequestHeaderSectionTooLarge"),
-        (b"PUT /bkt/k HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400, "InvalidRequest"),
+        (
+            b"GET /bkt/k HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n",
+            400,
+            "RequestHeaderSectionTooLarge",
+        ),
+        (
+            b"PUT /bkt/k HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            400,
+            "InvalidRequest",
+        ),
         (b"GARBAGE\r\n\r\n", 400, "InvalidRequest"),
     ],
-    ids=["garbage-authorization", "invalid-bucket", "key-over-1024-bytes", "oversized-header", "content-length-and-chunked", "not-http"],
+    ids=[
+        "garbage-authorization",
+        "invalid-bucket",
+        "key-over-1024-bytes",
+        "oversized-header",
+        "content-length-and-chunked",
+        "not-http",
+    ],
 )
-def test_malformed_requests_get_4xx_s3_xml(lota: LotaProcess, request_bytes: bytes, status: int, code: str) -> None:
+def test_malformed_requests_get_4xx_s3_xml(
+    lota: LotaProcess, request_bytes: bytes, status: int, code: str
+) -> None:
     got_status, body = raw(lota, request_bytes)
     assert (got_status, error_code(body)) == (status, code)
 
@@ -171,7 +210,9 @@ def test_a_bad_range_is_invalid_range(lota: LotaProcess, bucket: str, origin_s3:
         assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416, bad
 
 
-def test_a_truncated_upload_never_creates_an_object(lota: LotaProcess, bucket: str, origin_s3: Any) -> None:
+def test_a_truncated_upload_never_creates_an_object(
+    lota: LotaProcess, bucket: str, origin_s3: Any
+) -> None:
     full = signed(lota, "PUT", f"/{bucket}/truncated", b"x" * 100_000)
     head, _, body = full.partition(b"\r\n\r\n")
     # A client that stops sending: after the body timeout (2s for the test node), 400.
@@ -187,7 +228,9 @@ def test_a_truncated_upload_never_creates_an_object(lota: LotaProcess, bucket: s
     assert origin_s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
 
 
-def test_keys_that_look_like_paths_never_touch_the_filesystem(lota: LotaProcess, bucket: str, tmp_path: Any) -> None:
+def test_keys_that_look_like_paths_never_touch_the_filesystem(
+    lota: LotaProcess, bucket: str, tmp_path: Any
+) -> None:
     s3 = client_for(lota.url, s3={"addressing_style": "path"})
     key = "../../../../../../tmp/lota-escape-check"
     s3.put_object(Bucket=bucket, Key=key, Body=b"inside s3 only")
@@ -197,17 +240,44 @@ def test_keys_that_look_like_paths_never_touch_the_filesystem(lota: LotaProcess,
 
 _methods = st.sampled_from(["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH"])
 _paths = st.one_of(
-    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-./_%?=&+~ ", max_size=60).map(lambda p: "/" + p),
-    st.sampled_from(["/", "/bkt", "/bkt/k", "/bkt?list-type=2", "/bkt/k?uploads", "/bkt/k?partNumber=0", "/_lota/x"]),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-./_%?=&+~ ", max_size=60).map(
+        lambda p: "/" + p
+    ),
+    st.sampled_from(
+        [
+            "/",
+            "/bkt",
+            "/bkt/k",
+            "/bkt?list-type=2",
+            "/bkt/k?uploads",
+            "/bkt/k?partNumber=0",
+            "/_lota/x",
+        ]
+    ),
 )
 _header_names = st.sampled_from(
-    ["Range", "Content-MD5", "x-amz-content-sha256", "x-amz-date", "Content-Encoding", "x-amz-decoded-content-length",
-     "x-amz-copy-source", "If-Match", "If-Modified-Since", "Expect", "x-amz-trailer", "Content-Type", "x-amz-checksum-crc32"]
+    [
+        "Range",
+        "Content-MD5",
+        "x-amz-content-sha256",
+        "x-amz-date",
+        "Content-Encoding",
+        "x-amz-decoded-content-length",
+        "x-amz-copy-source",
+        "If-Match",
+        "If-Modified-Since",
+        "Expect",
+        "x-amz-trailer",
+        "Content-Type",
+        "x-amz-checksum-crc32",
+    ]
 )
 _header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     method=_methods,
     path=_paths,
@@ -234,4 +304,3 @@ def test_random_requests_never_get_a_500(
     assert status < 500 or b"x-lota-cache: BYPASS" in head, answer[:300]
     if status >= 400 and method != "HEAD" and b"x-lota-cache: BYPASS" not in head:
         error_code(answer)  # LOTA's own errors are well-formed S3 XML
-

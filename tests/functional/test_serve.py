@@ -1,0 +1,151 @@
+"""The `lota serve` process: probes, metrics, HTTPS with trailing checksums, SIGTERM drain."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import threading
+import time
+import urllib.request
+import warnings
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.config import Config as BotoConfig
+
+from lota.devtools import LotaProcess
+from lota.embedded import EmbeddedOrigin
+from tests.conftest import client_for
+
+MiB = 1024 * 1024
+
+
+def test_probes_and_prometheus_metrics(lota: LotaProcess, s3: Any, bucket: str) -> None:
+    for path, body in (("/_lota/healthz", b"ok\n"), ("/_lota/readyz", b"ready\n")):
+        with urllib.request.urlopen(lota.url + path) as r:
+            assert (r.status, r.read()) == (200, body)
+    s3.put_object(Bucket=bucket, Key="m", Body=b"x")
+    metrics = lota.metrics()
+    assert 'lota_requests_total{operation="PutObject",status="200"}' in metrics
+    assert "lota_request_seconds_bucket" in metrics
+    assert 'lota_origin_seconds_count{region="us-east"}' in metrics
+    assert "lota_bytes_in_total" in metrics
+
+
+@pytest.fixture
+def tls_node(origin: str, credentials_file: Path, tmp_path: Path) -> Iterator[LotaProcess]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    node = LotaProcess(
+        [
+            "--origin",
+            origin,
+            "--credentials",
+            str(credentials_file),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+        ],
+        log_path=tmp_path / "lota.log",
+    )
+    node.url = node.url.replace("http://", "https://")
+    yield node.start()
+    node.stop()
+
+
+def test_https_with_boto3_default_trailing_checksums(
+    tls_node: LotaProcess, bucket: str, origin_s3: Any, tmp_path: Path
+) -> None:
+    # Over HTTPS, boto3's defaults send aws-chunked bodies with unsigned payloads and a
+    # trailing x-amz-checksum-crc32: LOTA decodes and checks them, and keeps the checksum.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # urllib3's InsecureRequestWarning for the test cert
+        s3 = client_for(tls_node.url)
+        s3._endpoint.http_session._verify = False
+        sent: list[str] = []
+        s3.meta.events.register(
+            "before-send.s3.PutObject",
+            lambda request, **_: sent.append(request.headers.get("x-amz-content-sha256", b"")),
+        )
+        data = b"trailing checksum " * 100_000
+        s3.put_object(Bucket=bucket, Key="trailer", Body=data)
+        big = tmp_path / "big"
+        big.write_bytes(data * 10)
+        s3.upload_file(str(big), bucket, "multipart")
+        assert s3.get_object(Bucket=bucket, Key="trailer")["Body"].read() == data
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    head = origin_s3.head_object(Bucket=bucket, Key="trailer", ChecksumMode="ENABLED")
+    assert head.get("ChecksumCRC32") == crc
+    assert origin_s3.head_object(Bucket=bucket, Key="multipart")["ContentLength"] == len(data) * 10
+    assert sent and all(
+        h in (b"STREAMING-UNSIGNED-PAYLOAD-TRAILER", "STREAMING-UNSIGNED-PAYLOAD-TRAILER")
+        for h in sent
+    )
+
+
+async def test_sigterm_drains_in_flight_requests_then_exits_0(
+    credentials_file: Path, tmp_path: Path
+) -> None:
+    # 16 MiB at 8 MB/s: a download that is still running when SIGTERM arrives.
+    async with EmbeddedOrigin(bandwidth=8e6) as slow:
+        import asyncio
+
+        s3o = await asyncio.to_thread(_origin_client, slow)
+        await asyncio.to_thread(s3o.create_bucket, Bucket="drain")
+        data = b"d" * (16 * MiB)
+        await asyncio.to_thread(s3o.put_object, Bucket="drain", Key="slow", Body=data)
+        node = LotaProcess(
+            ["--origin", slow.endpoint, "--credentials", str(credentials_file)],
+            log_path=tmp_path / "lota.log",
+        )
+        await asyncio.to_thread(node.start)
+        got: list[bytes] = []
+        s3 = client_for(node.url, retries={"max_attempts": 1}, read_timeout=60)
+        reader = threading.Thread(
+            target=lambda: got.append(s3.get_object(Bucket="drain", Key="slow")["Body"].read())
+        )
+        reader.start()
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        code = await asyncio.to_thread(node.stop)
+        await asyncio.to_thread(reader.join)
+        assert code == 0
+        assert got == [data]
+        assert time.monotonic() - started > 0.5  # it waited for the download
+        assert "draining" in node.log_tail(20)
+
+
+def _origin_client(origin: EmbeddedOrigin) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=origin.endpoint,
+        aws_access_key_id=origin.access_key_id,
+        aws_secret_access_key=origin.secret_access_key,
+        region_name="us-east-1",
+        config=BotoConfig(retries={"max_attempts": 1}),
+    )
