@@ -264,6 +264,8 @@ class Node:
             return web.Response(
                 body=self.metrics.render(), content_type="text/plain", charset="utf-8"
             )
+        if path == "/_lota/warm" and request.method == "POST":
+            return await self._warm(request)
         raise S3Error("InvalidRequest", f"Unknown LOTA admin call {path!r}.", status=404)
 
     async def _warm(self, request: web.BaseRequest) -> web.StreamResponse:

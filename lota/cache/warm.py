@@ -63,6 +63,7 @@ async def warm(
     slots = asyncio.Semaphore(max(1, concurrency))
     finished: asyncio.Queue[None] = asyncio.Queue()
     running: set[asyncio.Task[None]] = set()
+    started = reported = 0
 
     async def one(key: str, size: int) -> None:
         try:
@@ -83,12 +84,16 @@ async def warm(
             task = asyncio.get_running_loop().create_task(one(key, size), name=f"warm {key}")
             running.add(task)
             task.add_done_callback(running.discard)
+            started += 1
             while not finished.empty():
                 finished.get_nowait()
+                reported += 1
                 yield progress
         progress.listing_done = True
-        while running or not finished.empty():
+        yield progress
+        while reported < started:
             await finished.get()
+            reported += 1
             yield progress
     finally:
         for task in running:

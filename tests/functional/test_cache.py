@@ -7,6 +7,7 @@ import hashlib
 import http.client
 import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lota.devtools import LotaProcess
+from lota.devtools import PRINCIPALS, LotaProcess
 from tests.conftest import client_for
 from tests.recorder import RecordingProxy, recording_proxy
 
@@ -383,3 +384,67 @@ def _chunk_files(root: Path) -> list[Path]:
 
 def _du(root: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+
+
+def test_a_flipped_byte_is_caught_while_running_with_verify_always(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    node = node_factory(revalidate_after="1h", verify="always")
+    s3 = client_for(node.url)
+    data = _put(origin_s3, bucket, "k", CHUNK + 10)
+    _get(s3, bucket, "k")
+    _hit(s3, bucket, "k")
+    for chunk in _chunk_files(tmp_path / "cache"):
+        raw = bytearray(chunk.read_bytes())
+        raw[0] ^= 0x01
+        chunk.write_bytes(bytes(raw))
+    assert _get(s3, bucket, "k")[0] == data
+    assert "lota_cache_corrupt_total 0.0" not in node.metrics()
+
+
+def test_lota_warm_fills_a_prefix_with_progress(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    blobs = {
+        f"shards/{i:02d}.tar": _put(origin_s3, bucket, f"shards/{i:02d}.tar", MiB + i)
+        for i in range(12)
+    }
+    _put(origin_s3, bucket, "other/x", 10)
+    key, secret, _ = PRINCIPALS["admin"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lota",
+            "warm",
+            f"s3://{bucket}/shards/",
+            "--endpoint",
+            node.url,
+            "--concurrency",
+            "4",
+        ],
+        env={**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "warmed 12 objects" in done.stdout
+    assert "12/12 objects" in done.stderr  # the progress bar
+    recorder.clear()
+    s3 = client_for(node.url)
+    for k, data in blobs.items():
+        assert _get(s3, bucket, k) == (data, "HIT")
+    assert recorder.requests("GET") == []
+    reader_key, reader_secret, _ = PRINCIPALS["reader"]
+    denied = subprocess.run(
+        [sys.executable, "-m", "lota", "warm", f"s3://{bucket}/", "--endpoint", node.url],
+        env={**os.environ, "AWS_ACCESS_KEY_ID": reader_key, "AWS_SECRET_ACCESS_KEY": "wrong"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert denied.returncode == 1 and "SignatureDoesNotMatch" in denied.stderr
