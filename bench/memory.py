@@ -98,6 +98,7 @@ def transfer_config(args: argparse.Namespace) -> TransferConfig:
         multipart_threshold=8 * MiB,
         multipart_chunksize=args.part_size,
         max_concurrency=args.part_threads,
+        max_in_memory_upload_chunks=2 * args.part_threads,
     )
 
 

@@ -438,7 +438,7 @@ def test_lota_warm_fills_a_prefix_with_progress(
     for k, data in blobs.items():
         assert _get(s3, bucket, k) == (data, "HIT")
     assert recorder.requests("GET") == []
-    reader_key, reader_secret, _ = PRINCIPALS["reader"]
+    reader_key = PRINCIPALS["reader"][0]
     denied = subprocess.run(
         [sys.executable, "-m", "lota", "warm", f"s3://{bucket}/", "--endpoint", node.url],
         env={**os.environ, "AWS_ACCESS_KEY_ID": reader_key, "AWS_SECRET_ACCESS_KEY": "wrong"},
