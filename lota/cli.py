@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the LOTA node (default $LOTA_ENDPOINT or http://127.0.0.1:9000)",
     )
     warm.add_argument("--concurrency", type=int, default=8, help="objects filled at once")
+
+    migrations = commands.add_parser(
+        "migrations", help="accelerated writes not yet in their home region"
+    )
+    migrations.set_defaults(command=_migrations)
+    migrations.add_argument("--config", help="TOML config file (also LOTA_CONFIG)")
+    migrations.add_argument("--json", action="store_true", help="one JSON object")
     return parser
 
 
@@ -172,6 +179,38 @@ def _warm(args: argparse.Namespace) -> int:
 
     _run(run())
     return result[0]
+
+
+def _migrations(args: argparse.Namespace) -> int:
+    import json
+
+    from lota.catalog import open_catalog
+    from lota.clock import Clock
+    from lota.server import migration_report
+
+    config = configuration.load(args.config or os.environ.get("LOTA_CONFIG"))
+    if not config.write.catalog:
+        raise ConfigError("write acceleration is off: no write.catalog in the config")
+    report: dict[str, float | int] = {}
+
+    async def run() -> None:
+        catalog = await open_catalog(
+            config.write.catalog, clock=Clock.from_environment(), node=config.node
+        )
+        try:
+            report.update(migration_report(await catalog.pending_summary()))
+        finally:
+            await catalog.close()
+
+    _run(run())
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"pending: {report['pending']} versions, {report['pending_bytes']} bytes; "
+            f"oldest {report['oldest_age_seconds']}s; failing: {report['failing']}"
+        )
+    return 0
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,8 @@ class RegionConfig:
     # The region name the origin expects in signatures. LOTA's region names are labels of
     # your choosing; most S3-compatible stores accept "us-east-1", AWS wants the real one.
     signing_region: str = "us-east-1"
+    # A bucket in this region where accelerated writes wait for migration (write acceleration).
+    staging_bucket: str = ""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"https?://[^/\s]+/?", self.endpoint):
@@ -149,6 +152,38 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WriteConfig:
+    """Cross-region write acceleration: the shared catalog, staging, and the migrator."""
+
+    # "sqlite:////abs/path.db" (embedded; one machine) or "postgresql://..." (a cluster).
+    # Empty: no catalog, writes to far buckets go straight to their home origin.
+    catalog: str = ""
+    # "bucket": the local region's staging_bucket (durable, readable from every node);
+    # "local-disk": `staging_dir` on this node (single-node use: lost with the disk).
+    staging: Literal["bucket", "local-disk"] = "bucket"
+    staging_dir: str = ""
+    # Objects migrated at once, parts of one object at once, and their bandwidth cap
+    # (bytes/s over all migrations; 0: none).
+    migrate_concurrency: int = 4
+    part_concurrency: int = 4
+    migrate_bandwidth: int = 0
+    # A migration lease lasts this long unless renewed; a dead node's work moves on after it.
+    lease: float = 60.0
+    # Staging copies are deleted this long after they stop being needed (readers mid-GET).
+    staging_grace: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.staging not in ("bucket", "local-disk"):
+            raise ConfigError('write.staging must be "bucket" or "local-disk"')
+        if self.staging == "local-disk" and not self.staging_dir:
+            raise ConfigError('write.staging = "local-disk" needs write.staging_dir')
+        if self.catalog and not self.catalog.startswith(
+            ("sqlite://", "postgresql://", "postgres://")
+        ):
+            raise ConfigError("write.catalog must be a sqlite:// or postgresql:// URL")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """Everything `lota serve` needs. Build it with :func:`load`."""
 
@@ -157,6 +192,9 @@ class Config:
     domain: str = "lota.local"
     cache: CacheConfig = field(default_factory=CacheConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    write: WriteConfig = field(default_factory=WriteConfig)
+    # This node's name in the catalog (leases, local-disk staging); defaults to the hostname.
+    node: str = ""
     regions: Mapping[str, RegionConfig] = field(default_factory=dict)
     default_region: str = ""
     bucket_regions: Mapping[str, str] = field(default_factory=dict)
@@ -170,6 +208,8 @@ class Config:
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)
+        if not self.node:
+            object.__setattr__(self, "node", socket.gethostname())
         if not self.default_region:
             object.__setattr__(self, "default_region", self.region)
         if not self.regions:
@@ -188,6 +228,17 @@ class Config:
             )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together")
+        if self.write.catalog and self.write.staging == "bucket":
+            local = self.regions.get(self.region)
+            if local is None or not local.staging_bucket:
+                raise ConfigError(
+                    f"write acceleration needs regions.{self.region}.staging_bucket "
+                    '(or write.staging = "local-disk")'
+                )
+
+    def accelerated(self, bucket: str) -> bool:
+        """Whether writes to `bucket` take the write-acceleration path on this node."""
+        return bool(self.write.catalog) and self.home_region(bucket).name != self.region
 
     def home_region(self, bucket: str) -> RegionConfig:
         """The region whose origin holds `bucket`."""
@@ -212,6 +263,8 @@ ENVIRONMENT = {
     "LOTA_DRAIN_TIMEOUT": ("", "drain_timeout"),
     "LOTA_BODY_TIMEOUT": ("", "body_timeout"),
     "LOTA_LOG_LEVEL": ("", "log_level"),
+    "LOTA_NODE": ("", "node"),
+    "LOTA_CATALOG": ("write", "catalog"),
 }
 
 
@@ -254,6 +307,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
     raw = dict(raw)
     try:
         cache = _cache(raw.pop("cache", {}))
+        write = _write(raw.pop("write", {}))
         auth = _auth(raw.pop("auth", {}))
         region = str(raw.pop("region", "us-east"))
         regions = {
@@ -285,6 +339,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
                 raw[key] = parse_duration(raw[key])
         return Config(
             region=region,
+            write=write,
             cache=cache,
             auth=auth,
             regions=regions,
@@ -316,6 +371,16 @@ def _cache(section: Mapping[str, Any]) -> CacheConfig:
             for prefix, after in dict(values["revalidate"]).items()
         )
     return CacheConfig(**values)
+
+
+def _write(section: Mapping[str, Any]) -> WriteConfig:
+    values = dict(_known(section, WriteConfig, "write"))
+    for key in ("lease", "staging_grace"):
+        if key in values:
+            values[key] = parse_duration(values[key])
+    if "migrate_bandwidth" in values:
+        values["migrate_bandwidth"] = parse_size(values["migrate_bandwidth"])
+    return WriteConfig(**values)
 
 
 def _auth(section: Mapping[str, Any]) -> AuthConfig:

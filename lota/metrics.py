@@ -132,6 +132,46 @@ class Metrics:
             "Whole-object prefetches started (HEAD with Range: bytes=0-0, lota warm)",
             registry=r,
         )
+        self.accelerated_writes = Counter(
+            "lota_accelerated_writes",
+            "Writes to far-homed buckets accepted at local speed (staged + committed)",
+            registry=r,
+        )
+        self.accelerated_write_seconds = Histogram(
+            "lota_accelerated_write_seconds",
+            "Time to stage and commit an accelerated PUT",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.migrations = Counter(
+            "lota_migrations", "Versions this node moved to their home region", registry=r
+        )
+        self.migrated_bytes = Counter(
+            "lota_migrated_bytes", "Bytes this node moved to home regions", registry=r
+        )
+        self.migration_seconds = Histogram(
+            "lota_migration_seconds",
+            "Time to move one version home",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.migration_failures = Counter(
+            "lota_migration_failures", "Migration attempts that failed (retried)", registry=r
+        )
+        self.migration_pending = Gauge(
+            "lota_migration_pending", "Versions not yet in their home region", registry=r
+        )
+        self.migration_pending_bytes = Gauge(
+            "lota_migration_pending_bytes", "Bytes not yet in their home region", registry=r
+        )
+        self.migration_oldest_seconds = Gauge(
+            "lota_migration_oldest_seconds",
+            "Age of the oldest version not yet in its home region",
+            registry=r,
+        )
+        self.migration_failing = Gauge(
+            "lota_migration_failing", "Pending versions whose last attempt failed", registry=r
+        )
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
         )

@@ -37,11 +37,16 @@ from lota.cache.fill import Filler
 from lota.cache.reads import ReadPath, cacheable
 from lota.cache.store import CacheStore
 from lota.cache.warm import warm
+from lota.catalog import Catalog, EventKind, PendingSummary, open_catalog
 from lota.clock import Clock
 from lota.config import Config
 from lota.metrics import Metrics
 from lota.passthrough import PassThrough
+from lota.regions.accelerate import Accelerator
+from lota.regions.migrator import Migrator
 from lota.regions.origin import OriginClient
+from lota.regions.staging import Staging
+from lota.regions.writes import RegionalRouter
 from lota.relay import abort, read_small_body
 from lota.s3.addressing import (
     ADMIN_PREFIX,
@@ -59,6 +64,8 @@ from lota.tasks import TaskGroup
 log = logging.getLogger("lota.server")
 # S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
 DELETE_BODY_LIMIT = 2 * 1024 * 1024
+# Catalog events after which other nodes' cached copies of the key are stale.
+_INVALIDATING_EVENTS = frozenset({EventKind.PUT, EventKind.DELETE, EventKind.INVALIDATE})
 # Operations after which cached copies of the addressed object(s) are stale.
 INVALIDATING = frozenset(
     {
@@ -89,6 +96,9 @@ class Node:
         self._session: aiohttp.ClientSession | None = None
         self._passthrough: PassThrough | None = None
         self._reads: ReadPath | None = None
+        self.catalog: Catalog | None = None
+        self._router: RegionalRouter | None = None
+        self.migrator: Migrator | None = None
 
     async def __aenter__(self) -> Node:
         self._session = aiohttp.ClientSession(
@@ -110,8 +120,37 @@ class Node:
         )
         if self.config.cache.dirs:
             await self._open_cache()
+        if self.config.write.catalog:
+            await self._open_catalog(origins)
         self.ready = True
         return self
+
+    async def _open_catalog(self, origins: dict[str, OriginClient]) -> None:
+        w = self.config.write
+        self.catalog = await open_catalog(w.catalog, clock=self.clock, node=self.config.node)
+        local = self.config.regions[self.config.region]
+        staging = Staging(
+            node=self.config.node,
+            region=self.config.region,
+            origins=origins,
+            staging_bucket=local.staging_bucket,
+            local_dir=w.staging_dir if w.staging == "local-disk" else "",
+        )
+        assert self._passthrough is not None
+        accelerator = Accelerator(
+            self.catalog,
+            staging,
+            self._passthrough.origin_for,
+            self.metrics,
+            self.config.body_timeout,
+        )
+        self._router = RegionalRouter(self.config, self.catalog, accelerator, self._passthrough)
+        self.migrator = Migrator(
+            self.catalog, staging, self._passthrough.origin_for, w, self.metrics, self.clock
+        )
+        self.tasks.start(self.migrator.run(), "migrator")
+        if self.store is not None:
+            self.tasks.start(self._follow_events(), "invalidations")
 
     async def _open_cache(self) -> None:
         c = self.config.cache
@@ -146,6 +185,8 @@ class Node:
             self._reads.close()
         if self.store is not None:
             await self.store.close()
+        if self.catalog is not None:
+            await self.catalog.close()
         if self._session is not None:
             await self._session.close()
 
@@ -208,6 +249,13 @@ class Node:
         if "range" in request.headers and ctx.operation == "GetObject":
             parse_range(request.headers["range"])
         assert self._passthrough is not None
+        decoder = self.auth.decoder(view, authorized)
+        if request.headers.get("expect", "").lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self._router is not None:
+            routed = await self._router.handle(request, target, authorized.operation, decoder)
+            if routed is not None:
+                return routed
         origin = self._passthrough.origin_for(target.bucket)
         if (
             self._reads is not None
@@ -215,9 +263,6 @@ class Node:
             and cacheable(target, request.headers)
         ):
             return await self._reads.serve(request, target, origin)
-        decoder = self.auth.decoder(view, authorized)
-        if request.headers.get("expect", "").lower() == "100-continue":
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if ctx.operation == "DeleteObjects":
             return await self._delete_objects(request, target, authorized, decoder)
         if ctx.operation not in INVALIDATING:
@@ -240,6 +285,10 @@ class Node:
         for key in keys:
             if not self.auth.allows(authorized, "s3:DeleteObject", object_arn(target.bucket, key)):
                 raise S3Error("AccessDenied", f"Access Denied for key {key!r}")
+        if self._router is not None:
+            routed = await self._router.handle(request, target, authorized.operation, decoder, body)
+            if routed is not None:
+                return routed
         await self._invalidate(target.bucket, keys)
         try:
             return await self._passthrough.forward(request, target, decoder, body=body)
@@ -247,10 +296,22 @@ class Node:
             await self._invalidate(target.bucket, keys)
 
     async def _invalidate(self, bucket: str, keys: list[str]) -> None:
-        """Drop cached copies of objects a write changes (before and after it)."""
+        """Drop cached copies of objects a write changes (before and after it), here and,
+        through the catalog, on every other node."""
         if self.store is not None:
             for key in keys:
                 await self.store.invalidate(bucket, key)
+        if self.catalog is not None:
+            for key in keys:
+                await self.catalog.publish(EventKind.INVALIDATE, bucket, key)
+
+    async def _follow_events(self) -> None:
+        """Drop cached copies that writes on other nodes made stale."""
+        assert self.catalog is not None and self.store is not None
+        async with await self.catalog.events() as stream:
+            async for event in stream:
+                if event.node != self.config.node and event.kind in _INVALIDATING_EVENTS:
+                    await self.store.invalidate(event.bucket, event.key)
 
     async def _admin(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
@@ -266,6 +327,14 @@ class Node:
             )
         if path == "/_lota/warm" and request.method == "POST":
             return await self._warm(request)
+        if path == "/_lota/migrations":
+            raw_path, query = split_target(request.raw_path)
+            view = RequestView(request.method, raw_path, query, request.headers)
+            self.auth.authorize(view, "s3:ListAllMyBuckets", "*")
+            if self.catalog is None:
+                raise S3Error("InvalidRequest", "Write acceleration is off on this node.")
+            summary = await self.catalog.pending_summary()
+            return web.json_response(migration_report(summary))
         raise S3Error("InvalidRequest", f"Unknown LOTA admin call {path!r}.", status=404)
 
     async def _warm(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -310,6 +379,16 @@ class RequestContext:
         self.started = time.perf_counter()
         self.request_id = uuid.uuid4().hex[:16].upper()
         self.operation = "Unknown"
+
+
+def migration_report(summary: PendingSummary) -> dict[str, float | int]:
+    count, size, oldest, failing = summary
+    return {
+        "pending": count,
+        "pending_bytes": size,
+        "oldest_age_seconds": round(oldest, 1),
+        "failing": failing,
+    }
 
 
 def response_started(request: web.BaseRequest) -> bool:

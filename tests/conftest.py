@@ -13,6 +13,7 @@ from botocore.config import Config as BotoConfig
 
 from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
 from lota.embedded import moto_server
+from tests.postgres import PostgresServer, PostgresUnavailable
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +86,33 @@ def make_bucket(origin_s3: Any) -> Callable[[], str]:
 @pytest.fixture
 def bucket(make_bucket: Callable[[], str]) -> str:
     return make_bucket()
+
+
+# -- catalog: a real PostgreSQL server, and a catalog URL per backend -----------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A throw-away PostgreSQL server (initdb + pg_ctl), started on first use. Fails, never
+    skips, when PostgreSQL is not installed."""
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """The URL of a database on the session's PostgreSQL server."""
+    return postgres_server.create_database("lota")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty catalog URL: once an SQLite file, once a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'catalog.db'}"
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.create_database(f"catalog_{uuid.uuid4().hex[:12]}")

@@ -264,6 +264,7 @@ def test_a_flipped_byte_in_a_chunk_file_is_caught_and_the_client_gets_right_byte
     s3 = client_for(node.url)
     data = _put(origin_s3, bucket, "k", 2 * CHUNK)
     _get(s3, bucket, "k")
+    _hit(s3, bucket, "k")  # both chunks committed
     node.stop()
     for chunk in _chunk_files(tmp_path / "cache"):
         raw = bytearray(chunk.read_bytes())

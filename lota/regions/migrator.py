@@ -1,0 +1,273 @@
+"""The migrator: moves accelerated writes from staging to their home-region bucket.
+
+One owner task per node (:meth:`Migrator.run`) claims work from the catalog under leases,
+so exactly one node moves a given version; a node that dies mid-copy loses its lease and
+another takes over. A version moves the way it was written, so it keeps the ETag its writer
+was given: a single PUT as one PUT with Content-MD5 (the home region checks it), a
+multipart upload as a multipart upload with the same part boundaries (the home ETag, MD5
+of the part MD5s, then equals the staged one, which checks every part). Deletes move as
+deletes. Failures retry with exponential backoff, so an origin outage is ridden out; a
+bandwidth cap keeps migration from crowding out reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from lota.catalog import Catalog, CatalogObject, retry_delay
+from lota.clock import Clock
+from lota.config import WriteConfig
+from lota.metrics import Metrics
+from lota.regions.accelerate import md5_base64, object_location
+from lota.regions.origin import OriginClient
+from lota.regions.staging import Staging
+from lota.s3.errors import LotaError, OriginError
+from lota.s3.xml import xml_text
+
+log = logging.getLogger("lota.migrator")
+
+IDLE_POLL = 1.0
+# Finished history (migrated, superseded versions; old events) is forgotten after this.
+HISTORY = 24 * 3600.0
+PRUNE_EVERY = 600.0
+
+
+class RateLimit:
+    """A token bucket shared by every migration stream (bytes per second; 0: unlimited)."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._allowance = float(rate)
+        self._last = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def take(self, amount: int) -> None:
+        if self.rate <= 0:
+            return
+        async with self._lock:
+            now = time.monotonic()
+            self._allowance = min(
+                float(self.rate), self._allowance + (now - self._last) * self.rate
+            )
+            self._last = now
+            self._allowance -= amount
+            if self._allowance < 0:
+                await asyncio.sleep(-self._allowance / self.rate)
+
+
+class Migrator:
+    """Claims pending versions and copies them home."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        staging: Staging,
+        origin_for: Callable[[str], OriginClient],
+        config: WriteConfig,
+        metrics: Metrics,
+        clock: Clock,
+    ) -> None:
+        self.catalog = catalog
+        self.staging = staging
+        self._origin_for = origin_for
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._rate = RateLimit(config.migrate_bandwidth)
+        self._pruned_at = 0.0
+
+    async def run(self) -> None:
+        """Migrate forever (the node's owner task cancels it on shutdown)."""
+        while True:
+            try:
+                moved = await self.run_once()
+                await self._collect_garbage()
+                await self._report()
+                await self._prune()
+            except asyncio.CancelledError:
+                raise
+            except LotaError as exc:
+                log.warning("migrator: catalog unavailable: %s", exc)
+                moved = 0
+            except Exception:
+                # The owner loop must outlive a bug in one round; the traceback says where.
+                log.exception("migrator round failed")
+                moved = 0
+            if not moved:
+                await asyncio.sleep(IDLE_POLL)
+
+    async def run_once(self) -> int:
+        """Claim a batch and migrate it; returns how many versions were claimed."""
+        claimed = await self.catalog.claim_migrations(
+            self._config.migrate_concurrency, self._config.lease
+        )
+        if claimed:
+            await asyncio.gather(*(self._migrate(obj) for obj in claimed))
+        return len(claimed)
+
+    async def _migrate(self, obj: CatalogObject) -> None:
+        started = time.perf_counter()
+        renewer = asyncio.get_running_loop().create_task(self._keep_lease(obj))
+        try:
+            if obj.deleted:
+                await self._delete_home(obj)
+            elif obj.parts:
+                await self._copy_multipart(obj)
+            else:
+                await self._copy_single(obj)
+        except (LotaError, OSError, TimeoutError) as exc:
+            attempts = obj.attempts
+            retry_at = self._clock.time() + retry_delay(attempts)
+            log.warning(
+                "migrating %s/%s v%d failed (attempt %d): %s",
+                obj.bucket,
+                obj.key,
+                obj.seq,
+                attempts,
+                exc,
+            )
+            self._metrics.migration_failures.inc()
+            await self.catalog.fail_migration(
+                obj.bucket, obj.key, obj.seq, str(exc)[:500], retry_at
+            )
+            return
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+        if await self.catalog.complete_migration(obj.bucket, obj.key, obj.seq):
+            self._metrics.migrations.inc()
+            self._metrics.migrated_bytes.inc(obj.size)
+            self._metrics.migration_seconds.observe(time.perf_counter() - started)
+            log.info("migrated %s/%s v%d (%d bytes) home", obj.bucket, obj.key, obj.seq, obj.size)
+
+    async def _keep_lease(self, obj: CatalogObject) -> None:
+        while True:
+            await asyncio.sleep(self._config.lease / 3)
+            if not await self.catalog.renew_lease(obj.bucket, obj.key, obj.seq, self._config.lease):
+                log.warning("lost the lease on %s/%s v%d", obj.bucket, obj.key, obj.seq)
+                return
+
+    # -- the copies ---------------------------------------------------------------------
+
+    def _write_headers(self, obj: CatalogObject) -> dict[str, str]:
+        headers = {"content-type": obj.content_type, **dict(obj.headers)}
+        headers.update({f"x-amz-meta-{k}": v for k, v in obj.metadata.items()})
+        return headers
+
+    async def _copy_single(self, obj: CatalogObject) -> None:
+        headers = self._write_headers(obj)
+        headers["content-length"] = str(obj.size)
+        headers["content-md5"] = md5_base64(obj.etag)
+        headers.update(obj.checksums)
+        body = self._paced(self.staging.read(object_location(obj)))
+        async with self._origin_for(obj.bucket).request(
+            "PUT", obj.bucket, obj.key, headers=headers, body=body
+        ) as reply:
+            answer = await reply.read()
+            if reply.status != 200:
+                raise OriginError(f"home PUT answered {reply.status}: {answer[:300]!r}")
+            if reply.headers.get("etag", "") != obj.etag:
+                raise OriginError(f"home ETag {reply.headers.get('etag')} != {obj.etag}")
+
+    async def _copy_multipart(self, obj: CatalogObject) -> None:
+        origin = self._origin_for(obj.bucket)
+        async with origin.request(
+            "POST", obj.bucket, obj.key, query=[("uploads", "")], headers=self._write_headers(obj)
+        ) as reply:
+            answer = await reply.read()
+            if reply.status != 200:
+                raise OriginError(f"home CreateMultipartUpload answered {reply.status}")
+        upload = xml_text(answer, "UploadId")
+        try:
+            etags = await self._upload_parts(origin, obj, upload)
+            parts = "".join(
+                f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>"
+                for n, e in enumerate(etags, 1)
+            )
+            body = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+            async with origin.request(
+                "POST",
+                obj.bucket,
+                obj.key,
+                query=[("uploadId", upload)],
+                body=body,
+                headers={"content-length": str(len(body))},
+            ) as reply:
+                answer = await reply.read()
+                if reply.status != 200 or b"<Error>" in answer:
+                    raise OriginError(f"home CompleteMultipartUpload failed: {answer[:300]!r}")
+            if xml_text(answer, "ETag") != obj.etag:
+                raise OriginError(f"home ETag {xml_text(answer, 'ETag')} != {obj.etag}")
+        except BaseException:
+            async with origin.request("DELETE", obj.bucket, obj.key, query=[("uploadId", upload)]):
+                pass
+            raise
+
+    async def _upload_parts(
+        self, origin: OriginClient, obj: CatalogObject, upload: str
+    ) -> list[str]:
+        slots = asyncio.Semaphore(self._config.part_concurrency)
+        location = object_location(obj)
+        offsets = [sum(obj.parts[:i]) for i in range(len(obj.parts))]
+
+        async def part(number: int) -> str:
+            async with slots:
+                first = offsets[number - 1]
+                size = obj.parts[number - 1]
+                body = self._paced(self.staging.read(location, first, first + size - 1))
+                async with origin.request(
+                    "PUT",
+                    obj.bucket,
+                    obj.key,
+                    query=[("partNumber", str(number)), ("uploadId", upload)],
+                    headers={"content-length": str(size)},
+                    body=body,
+                ) as reply:
+                    await reply.read()
+                    if reply.status != 200:
+                        raise OriginError(f"home UploadPart {number} answered {reply.status}")
+                    return reply.headers.get("etag", "")
+
+        return list(await asyncio.gather(*(part(n) for n in range(1, len(obj.parts) + 1))))
+
+    async def _delete_home(self, obj: CatalogObject) -> None:
+        async with self._origin_for(obj.bucket).request("DELETE", obj.bucket, obj.key) as reply:
+            if reply.status not in (200, 204, 404):
+                raise OriginError(f"home DELETE answered {reply.status}")
+
+    async def _paced(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for piece in body:
+            await self._rate.take(len(piece))
+            yield piece
+
+    async def _prune(self) -> None:
+        if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
+            self._pruned_at = time.monotonic()
+            removed = await self.catalog.prune(
+                versions_older_than=HISTORY, events_older_than=HISTORY
+            )
+            if removed:
+                log.info("pruned %d rows of finished catalog history", removed)
+
+    async def _report(self) -> None:
+        count, size, oldest, failing = await self.catalog.pending_summary()
+        self._metrics.migration_pending.set(count)
+        self._metrics.migration_pending_bytes.set(size)
+        self._metrics.migration_oldest_seconds.set(oldest)
+        self._metrics.migration_failing.set(failing)
+
+    async def _collect_garbage(self) -> None:
+        """Delete staging copies nobody needs any more (migrated or superseded versions)."""
+        done = []
+        for obj in await self.catalog.staging_garbage(100, self._config.staging_grace):
+            try:
+                await self.staging.delete(object_location(obj))
+            except (LotaError, OSError) as exc:
+                log.warning("cannot delete staging copy of %s/%s: %s", obj.bucket, obj.key, exc)
+                continue
+            done.append(obj.seq)
+        if done:
+            await self.catalog.staging_deleted(done)

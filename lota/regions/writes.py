@@ -1,0 +1,179 @@
+"""The requests the catalog decides, when write acceleration is on.
+
+* Writes to a bucket homed in another region — or to a key whose latest version is still
+  pending, so that commit order stays the truth — are accelerated
+  (:mod:`lota.regions.accelerate`).
+* GET and HEAD of a key whose latest version has not reached its home region are served
+  from staging; a pending delete answers 404.
+* Listings of a bucket with pending versions merge them into the origin's listing
+  (:mod:`lota.regions.listing`).
+
+Everything else falls through (``None``) to the cache and pass-through paths.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+
+from lota.auth.body import BodyDecoder
+from lota.catalog import Catalog, CatalogObject
+from lota.config import Config
+from lota.passthrough import PassThrough
+from lota.regions.accelerate import Accelerator, is_accelerated_upload
+from lota.regions.listing import (
+    Entry,
+    ListRequest,
+    Merger,
+    Override,
+    parse_origin_page,
+    render,
+)
+from lota.regions.origin import OriginClient
+from lota.s3.addressing import Target
+from lota.s3.errors import OriginError, S3Error
+from lota.s3.operations import Operation
+from lota.s3.xml import delete_result, deleted_keys
+
+log = logging.getLogger("lota.writes")
+
+_UPLOAD_CALLS = frozenset(
+    {"UploadPart", "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts", "UploadPartCopy"}
+)
+_WRITES = frozenset({"PutObject", "CopyObject", "DeleteObject", "CreateMultipartUpload"})
+
+
+class RegionalRouter:
+    """Routes the operations the catalog has a say in."""
+
+    def __init__(
+        self, config: Config, catalog: Catalog, accelerator: Accelerator, passthrough: PassThrough
+    ) -> None:
+        self._config = config
+        self.catalog = catalog
+        self.accelerator = accelerator
+        self._passthrough = passthrough
+
+    async def handle(
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        operation: Operation,
+        decoder: BodyDecoder,
+        delete_body: bytes | None = None,
+    ) -> web.StreamResponse | None:
+        name = operation.name
+        if name in ("GetObject", "HeadObject") and "versionId" not in request.query:
+            latest = await self.catalog.get_object(target.bucket, target.key)
+            if latest is not None and latest.pending:
+                return await self.accelerator.read(request, latest)
+            return None
+        if name in ("ListObjects", "ListObjectsV2"):
+            return await self._list(request, target, name)
+        if name in _UPLOAD_CALLS:
+            upload_id = request.query.get("uploadId", "")
+            if is_accelerated_upload(upload_id):
+                return await self._upload_call(request, target, name, decoder, upload_id)
+            return None
+        if name == "DeleteObjects" and delete_body is not None:
+            if self._config.accelerated(target.bucket):
+                return await self._delete_objects(target, delete_body)
+            return None
+        if name in _WRITES and await self._accelerates(target):
+            return await self._write(request, target, operation, decoder)
+        return None
+
+    async def _accelerates(self, target: Target) -> bool:
+        if self._config.accelerated(target.bucket):
+            return True
+        latest = await self.catalog.get_object(target.bucket, target.key)
+        return latest is not None and latest.pending
+
+    async def _write(
+        self, request: web.BaseRequest, target: Target, operation: Operation, decoder: BodyDecoder
+    ) -> web.StreamResponse:
+        accel = self.accelerator
+        if operation.name == "PutObject":
+            return await accel.put_object(request, target, decoder)
+        if operation.name == "CopyObject":
+            assert operation.copy_source is not None
+            return await accel.copy_object(request, target, operation.copy_source)
+        if operation.name == "DeleteObject":
+            return await accel.delete_object(target)
+        return await accel.create_multipart(request, target)
+
+    async def _upload_call(
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        name: str,
+        decoder: BodyDecoder,
+        upload_id: str,
+    ) -> web.StreamResponse:
+        accel = self.accelerator
+        if name == "UploadPart":
+            number = request.query.get("partNumber", "")
+            if not number.isdigit() or not 1 <= int(number) <= 10000:
+                raise S3Error(
+                    "InvalidArgument", "Part number must be an integer between 1 and 10000"
+                )
+            return await accel.upload_part(request, target, decoder, upload_id, int(number))
+        if name == "CompleteMultipartUpload":
+            return await accel.complete_multipart(request, target, decoder, upload_id)
+        if name == "AbortMultipartUpload":
+            return await accel.abort_multipart(upload_id)
+        raise S3Error("NotImplemented", f"{name} is not supported for accelerated uploads yet")
+
+    async def _delete_objects(self, target: Target, body: bytes) -> web.StreamResponse:
+        keys = deleted_keys(body)
+        for key in keys:
+            await self.catalog.commit_delete(target.bucket, key)
+        quiet = b"<Quiet>true</Quiet>" in body.replace(b" ", b"")
+        return web.Response(
+            body=delete_result([] if quiet else keys), content_type="application/xml"
+        )
+
+    async def _list(
+        self, request: web.BaseRequest, target: Target, name: str
+    ) -> web.StreamResponse | None:
+        wanted = ListRequest.from_query(target.bucket, list(request.query.items()))
+        pending = await self.catalog.list_objects(target.bucket, wanted.prefix, "", 1)
+        if not pending:
+            return None  # nothing of ours in this prefix: the origin's listing is the truth
+        origin = self._passthrough.origin_for(target.bucket)
+        body = await merged_listing(wanted, origin, self.catalog)
+        return web.Response(body=body, content_type="application/xml")
+
+
+CATALOG_PAGE = 1000
+
+
+async def merged_listing(wanted: ListRequest, origin: OriginClient, catalog: Catalog) -> bytes:
+    """Drive a :class:`Merger` with catalog pages and origin pages until it has a page."""
+    merger = Merger(wanted)
+    while (page := merger.page) is None:
+        if (after := merger.needs_overrides_after()) is not None:
+            rows = await catalog.list_objects(wanted.bucket, wanted.prefix, after, CATALOG_PAGE)
+            merger.feed_overrides([_override(r) for r in rows], complete=len(rows) < CATALOG_PAGE)
+        elif (after := merger.needs_origin_after()) is not None:
+            query = [("list-type", "2"), ("prefix", wanted.prefix), ("encoding-type", "url")]
+            query.append(("max-keys", "1000"))
+            if after:
+                query.append(("start-after", after))
+            async with origin.request("GET", wanted.bucket, "", query=query) as reply:
+                body = await reply.read()
+                if reply.status != 200:
+                    raise OriginError(f"origin listing failed: {reply.status} {body[:200]!r}")
+            contents, _, truncated, _ = parse_origin_page(body)
+            merger.feed_origin(contents, truncated=truncated)
+    return render(wanted, page.contents, page.prefixes, page.truncated, page.next_after)
+
+
+def _override(obj: CatalogObject) -> Override:
+    """What the catalog says about a key: a tombstone hides it, a version shows it."""
+    if obj.deleted:
+        return Override(obj.key, None)
+    modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(obj.created_at))
+    return Override(obj.key, Entry(obj.key, obj.size, obj.etag, modified))
