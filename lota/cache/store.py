@@ -107,6 +107,8 @@ COUNTERS = (
 )
 """Counters of :meth:`CacheStore.stats`, all present from the start."""
 _MAINTAIN_EVERY = 1.0
+# Chunk descriptors kept open for hits (well under the usual 1024..1M fd limits).
+MAX_OPEN_CHUNKS = 512
 _U64 = (1 << 64) - 1
 _YIELD_EVERY = 20_000
 
@@ -168,6 +170,7 @@ class _Chunk:
         "dead",
         "digest",
         "dir",
+        "fd",
         "index",
         "last_access",
         "length",
@@ -183,6 +186,7 @@ class _Chunk:
         self.length = length
         self.digest = digest
         self.readers = 0  # open readers, plus one while the file is being deleted
+        self.fd = -1  # kept open while the chunk is hot (see CacheStore._keep_open)
         self.dead = False
         self.verified = False  # digest checked (or written) by this process
         self.checked = False  # file seen with the right length by this process
@@ -199,18 +203,23 @@ class ChunkReader:
     """An open, verified chunk: read it with ``os.pread``/``os.sendfile`` on `fd`, then
     close(). It stays readable even if the entry is invalidated meanwhile."""
 
-    __slots__ = ("_release", "fd", "length")
+    __slots__ = ("_owned", "_release", "fd", "length")
 
-    def __init__(self, fd: int, length: int, release: Callable[[], None]) -> None:
+    def __init__(
+        self, fd: int, length: int, release: Callable[[], None], *, owned: bool = True
+    ) -> None:
         self.fd = fd
         self.length = length
         self._release = release
+        # A descriptor from the store's cache of open chunks is the store's to close.
+        self._owned = owned
 
     def close(self) -> None:
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             try:
-                os.close(fd)
+                if self._owned:
+                    os.close(fd)
             finally:
                 self._release()
 
@@ -349,6 +358,7 @@ class CacheStore:
         io_threads: int = 8,
         files: ChunkFiles | None = None,
     ) -> None:
+        self._open_fds: OrderedDict[_Chunk, None] = OrderedDict()
         if not dirs:
             raise ValueError("the cache store needs at least one directory")
         if verify not in VERIFY_POLICIES:
@@ -443,6 +453,8 @@ class CacheStore:
                 await writer.abort()
         while self._pending:
             await asyncio.wait(set(self._pending))
+        for chunk in list(self._open_fds):
+            self._close_fd(chunk)
         try:
             await self._index.close()
         finally:
@@ -616,6 +628,10 @@ class CacheStore:
             self._count("misses")
             return None
         chunk.readers += 1
+        if chunk.fd >= 0 and self._digest_to_check(chunk) is None:
+            # Hot path: a chunk read since start-up, already checked, descriptor still open.
+            self._open_fds.move_to_end(chunk)
+            return self._reader(chunk, chunk.fd, owned=False)
         try:
             fd = await self._open_fd(chunk)
         except BaseException:
@@ -627,10 +643,33 @@ class CacheStore:
             self._unref(chunk)
             self._count("misses")
             return None
+        if self._verify != "always" and chunk.fd < 0:
+            self._keep_open(chunk, fd)
+            return self._reader(chunk, fd, owned=False)
+        return self._reader(chunk, fd, owned=True)
+
+    def _reader(self, chunk: _Chunk, fd: int, *, owned: bool) -> ChunkReader:
         self._policy.access(chunk)
         chunk.last_access = self._clock.time()
         self._count("hits")
-        return ChunkReader(fd, chunk.length, partial(self._unref, chunk))
+        return ChunkReader(fd, chunk.length, partial(self._unref, chunk), owned=owned)
+
+    def _keep_open(self, chunk: _Chunk, fd: int) -> None:
+        """Keep the descriptors of recently read chunks open, so a hit costs no open()."""
+        chunk.fd = fd
+        self._open_fds[chunk] = None
+        while len(self._open_fds) > MAX_OPEN_CHUNKS:
+            oldest = next(iter(self._open_fds))
+            if oldest.readers:
+                self._open_fds.move_to_end(oldest)
+                break
+            self._close_fd(oldest)
+
+    def _close_fd(self, chunk: _Chunk) -> None:
+        self._open_fds.pop(chunk, None)
+        if chunk.fd >= 0:
+            fd, chunk.fd = chunk.fd, -1
+            os.close(fd)
 
     async def _open_fd(self, chunk: _Chunk) -> int | None:
         """Open (and verify) the chunk's file; concurrent first reads share one verification."""
@@ -815,6 +854,7 @@ class CacheStore:
     def _unref(self, chunk: _Chunk) -> None:
         chunk.readers -= 1
         if chunk.dead and chunk.readers == 0:
+            self._close_fd(chunk)
             self._chunk_bytes -= blocks(chunk.length)
 
     def _path(self, chunk: _Chunk) -> str:

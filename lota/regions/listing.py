@@ -10,8 +10,9 @@ the I/O and answers what the :class:`Merger` asks for, catalog first::
     merger = Merger(request)                               # S3Error on a bad token
     while (page := merger.page) is None:
         if (after := merger.needs_overrides_after()) is not None:
-            rows = await catalog.overrides(bucket, request.prefix, after, limit=N)
-            merger.feed_overrides(rows, complete=len(rows) < N)
+            rows = await catalog.list_objects(bucket, request.prefix, after, N)
+            merger.feed_overrides([override(r) for r in rows if r.pending],
+                                  complete=len(rows) < N, last_key=rows[-1].key if rows else None)
         elif (after := merger.needs_origin_after()) is not None:
             xml = await origin GET /bucket?list-type=2&prefix=<request.prefix>
                       &encoding-type=url&max-keys=1000[&start-after=<after> if after]
@@ -21,8 +22,10 @@ the I/O and answers what the :class:`Merger` asks for, catalog first::
 
 While ``page`` is None exactly one of the two ``needs_*`` calls returns a key (``""`` means
 "from the start"). Both sources are read as pages of keys strictly after that key, under the
-request's prefix, in order. The catalog query returns *every* override, pending writes and
-tombstones, ordered as S3 orders keys (in PostgreSQL: ``ORDER BY key COLLATE "C"``).
+request's prefix, ordered as S3 orders keys (in PostgreSQL: ``COLLATE "C"``). The catalog
+gives the latest version of each key, tombstones included; versions already migrated may be
+fed as well (they agree with the origin) or dropped, as above, so that the origin is the
+truth for them.
 
 Decisions, and why:
 
@@ -36,7 +39,7 @@ Decisions, and why:
 * The origin is asked with ``encoding-type=url``: keys may hold characters XML 1.0 cannot
   carry (U+0001), and :func:`parse_origin_page` decodes whatever the response says it encoded.
 * Catalog first. A migrating object moves from the catalog to the origin (copied there, then
-  dropped from the pending set). If the origin were read before the catalog for the same keys,
+  marked migrated). If the origin were read before the catalog for the same keys,
   a migration in between would hide an object from both reads. So the merger asks the catalog
   first and keeps from an origin page only the keys the catalog had already been read through;
   the rest is read again later. Usually the catalog's first page is its last and nothing is
@@ -202,10 +205,12 @@ def skip_past(prefix: str) -> str:
     It is `prefix` padded with the highest characters that still fit ``MAX_KEY_BYTES``
     UTF-8 bytes: U+10FFFF (4 bytes) while 4 bytes are left, then U+FFFD, U+07FF or U+007F for
     the last 3, 2 or 1. (U+FFFD, not U+FFFF: origins echo ``StartAfter`` in XML, where U+FFFF
-    is not allowed; a key under `prefix` that sorts after this one would be over 1020 bytes
-    and end in U+FFFE/U+FFFF, and the merger drops it anyway.) The successor of `prefix`
-    (last character + 1) is not usable: ``start-after`` is exclusive, so the key equal to it,
-    e.g. ``a0`` after the CommonPrefix ``a/``, would be skipped.
+    is not allowed; a key under `prefix` that sorts after this one would have to be 1024
+    bytes long and end in U+FFFE or U+FFFF, and the merger drops it anyway.)
+
+    The successor of `prefix` (last character + 1) is not usable: ``start-after`` is
+    exclusive, so the key equal to it, e.g. ``a0`` after the CommonPrefix ``a/``, would be
+    skipped.
     """
     room = MAX_KEY_BYTES - len(prefix.encode())
     if room <= 0:
@@ -270,8 +275,10 @@ class Merger:
         `complete`: the catalog has none after this batch. `last_key`: the last key the
         catalog query returned, when the caller dropped rows from the batch (migrated
         versions, say); by default the last override's. Raises ValueError on a batch out of
-        order, or an incomplete batch that does not advance.
+        order, an incomplete batch that does not advance, or a batch not asked for.
         """
+        if self._need != _OVERRIDES:
+            raise ValueError("overrides fed while not asked for")
         start = self._after(self._overrides_through)
         _check_order((o.key for o in overrides), ValueError, "catalog overrides")
         through = last_key if last_key is not None else overrides[-1].key if overrides else None
@@ -287,23 +294,25 @@ class Merger:
     def feed_origin(self, contents: Sequence[Entry], *, truncated: bool) -> None:
         """The origin's page asked for by :meth:`needs_origin_after` (no delimiter).
 
-        Raises OriginError on a page out of order or a truncated page that does not advance.
+        Raises OriginError on a page out of order or a truncated page that does not advance,
+        ValueError on a page not asked for.
         """
+        if self._need != _ORIGIN:
+            raise ValueError("an origin page fed while not asked for")
         start = self._after(self._origin_through)
         _check_order((e.key for e in contents), OriginError, "origin listing")
         if truncated and (not contents or contents[-1].key <= start):
             raise OriginError("origin listing is truncated but did not advance")
         # Catalog first: keep only keys the catalog had been read through before this page.
-        through = _lower(contents[-1].key if truncated else None, self._cap())
+        through = _lower(
+            contents[-1].key if truncated else None, self._effective(self._overrides_through)
+        )
         self._origin.extend(
             e for e in contents if self._wanted(e.key, start) and _covers(through, e.key)
         )
         self._origin_through = through
         self._need = None
         self._advance()
-
-    def _cap(self) -> str | None:
-        return None if self._overrides_through is None else self._after(self._overrides_through)
 
     def _after(self, through: str | None) -> str:
         return self._floor if through is None else max(through, self._floor)
@@ -502,4 +511,4 @@ def _element(tag: str, text: str) -> str:
 
 
 def _url(text: str) -> str:
-    return text
+    return quote_plus(text, safe="/")

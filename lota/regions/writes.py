@@ -139,9 +139,8 @@ class RegionalRouter:
         self, request: web.BaseRequest, target: Target, name: str
     ) -> web.StreamResponse | None:
         wanted = ListRequest.from_query(target.bucket, list(request.query.items()))
-        pending = await self.catalog.list_objects(target.bucket, wanted.prefix, "", 1)
-        if not pending:
-            return None  # nothing of ours in this prefix: the origin's listing is the truth
+        if not await self.catalog.list_objects(target.bucket, wanted.prefix, "", 1):
+            return None  # no key of the catalog's under this prefix: the origin's list is true
         origin = self._passthrough.origin_for(target.bucket)
         body = await merged_listing(wanted, origin, self.catalog)
         return web.Response(body=body, content_type="application/xml")
@@ -156,7 +155,12 @@ async def merged_listing(wanted: ListRequest, origin: OriginClient, catalog: Cat
     while (page := merger.page) is None:
         if (after := merger.needs_overrides_after()) is not None:
             rows = await catalog.list_objects(wanted.bucket, wanted.prefix, after, CATALOG_PAGE)
-            merger.feed_overrides([_override(r) for r in rows], complete=len(rows) < CATALOG_PAGE)
+            # Migrated versions are the origin's to list (it may have changed them since).
+            merger.feed_overrides(
+                [_override(r) for r in rows if r.pending],
+                complete=len(rows) < CATALOG_PAGE,
+                last_key=rows[-1].key if rows else None,
+            )
         elif (after := merger.needs_origin_after()) is not None:
             query = [("list-type", "2"), ("prefix", wanted.prefix), ("encoding-type", "url")]
             query.append(("max-keys", "1000"))

@@ -195,7 +195,6 @@ class FakeLota:
     """Answers boto3's ListObjects(V2) requests with the merger, in place of the network."""
 
     world: World = field(default_factory=World)
-    bodies: list[bytes] = field(default_factory=list)
 
     def __call__(self, request: Any, **_: Any) -> AWSResponse:
         url = urlsplit(request.url)
@@ -206,7 +205,6 @@ class FakeLota:
             body, status = render(list_request, *_fields(page)), 200
         except S3Error as exc:
             body, status = exc.to_xml(), exc.status
-        self.bodies.append(body)
         return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, Body(body))
 
 
@@ -661,6 +659,12 @@ def test_origin_page_out_of_order_or_stuck_is_an_origin_error() -> None:
         merger.feed_origin([at_origin("b"), at_origin("a")], truncated=False)
     with pytest.raises(OriginError, match="did not advance"):
         merger.feed_origin([], truncated=True)
+    merger.feed_origin([], truncated=False)
+    assert merger.page is not None
+    with pytest.raises(ValueError, match="not asked for"):
+        merger.feed_origin([at_origin("c")], truncated=False)
+    with pytest.raises(ValueError, match="not asked for"):
+        merger.feed_overrides([], complete=True)
 
 
 def test_catalog_batch_out_of_order_is_a_value_error() -> None:
