@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lota import config as configuration
+from lota import logs
 from lota.config import Config, ConfigError
 
 log = logging.getLogger("lota.cli")
@@ -24,10 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=os.environ.get("LOTA_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logs.setup(os.environ.get("LOTA_LOG_LEVEL", "INFO"))
     try:
         return int(args.command(args))
     except ConfigError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import logging
 import signal
@@ -377,8 +378,17 @@ class RequestContext:
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
-        self.request_id = uuid.uuid4().hex[:16].upper()
+        self.request_id = next_request_id()
         self.operation = "Unknown"
+
+
+_REQUEST_PREFIX = uuid.uuid4().hex[:6].upper()
+_request_numbers = itertools.count(1)
+
+
+def next_request_id() -> str:
+    """Unique per process run and cheap: a random prefix and a counter."""
+    return f"{_REQUEST_PREFIX}{next(_request_numbers):010X}"
 
 
 def migration_report(summary: PendingSummary) -> dict[str, float | int]:
@@ -433,7 +443,7 @@ class S3RequestHandler(RequestHandler):
             )
         else:
             err = S3Error("InvalidRequest", f"Malformed HTTP request: {message or exc}"[:512])
-        response = error_response(err, uuid.uuid4().hex[:16].upper())
+        response = error_response(err, next_request_id())
         response.force_close()
         return response
 

@@ -21,18 +21,21 @@ class NotModified(Exception):
 
 def check(headers: Mapping[str, str], etag: str, last_modified: str) -> None:
     """Raise 412 PreconditionFailed or :class:`NotModified`, or return to serve the object."""
-    modified = _date(last_modified)
     if_match = headers.get("if-match")
     if if_match is not None:
         if not _etag_in(if_match, etag):
             raise _failed("If-Match")
-    elif (since := _date(headers.get("if-unmodified-since"))) and modified and modified > since:
+    elif (since := _date(headers.get("if-unmodified-since"))) and (
+        (modified := _date(last_modified)) and modified > since
+    ):
         raise _failed("If-Unmodified-Since")
     if_none_match = headers.get("if-none-match")
     if if_none_match is not None:
         if _etag_in(if_none_match, etag):
             raise NotModified()
-    elif (since := _date(headers.get("if-modified-since"))) and modified and modified <= since:
+    elif (since := _date(headers.get("if-modified-since"))) and (
+        (modified := _date(last_modified)) and modified <= since
+    ):
         raise NotModified()
 
 

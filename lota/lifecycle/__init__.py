@@ -1,0 +1,14 @@
+"""Lifecycle: objects nobody reads move to colder, cheaper tiers; reads through LOTA count.
+
+A cache hides reads from the origin, so LOTA records the reads and writes it serves
+(:mod:`~lota.lifecycle.access`) and drives tiering itself. The parts, by concern:
+
+- :mod:`~lota.lifecycle.rules`   tiers, rules and :func:`~lota.lifecycle.rules.plan` (no I/O)
+- :mod:`~lota.lifecycle.config`  the ``[lifecycle]`` config section
+- :mod:`~lota.lifecycle.state`   the rules in force, replaceable at runtime (admin call)
+- :mod:`~lota.lifecycle.access`  :class:`AccessRecorder`: batched last-access times
+- :mod:`~lota.lifecycle.engine`  :class:`Engine`: list, plan, copy in place, under a lease
+- :mod:`~lota.lifecycle.cli`     ``lota lifecycle plan`` and ``lota lifecycle run``
+
+This package imports nothing at import time: :mod:`lota.config` imports its ``config``.
+"""
