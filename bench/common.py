@@ -3,6 +3,7 @@ LOTA nodes in front of it, and small helpers to measure and print."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import tempfile
@@ -18,6 +19,23 @@ from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
 from lota.embedded import EmbeddedOrigin
 
 RESULTS = Path(__file__).parent / "results"
+FAR_BUCKET = "checkpoints-eu"
+STAGING_BUCKET = "lota-staging"
+
+
+def origin_client(origin: EmbeddedOrigin) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=origin.endpoint,
+        aws_access_key_id=origin.access_key_id,
+        aws_secret_access_key=origin.secret_access_key,
+        region_name="us-east-1",
+    )
+
+
+def _create_buckets(near: EmbeddedOrigin, far: EmbeddedOrigin) -> None:
+    origin_client(near).create_bucket(Bucket=STAGING_BUCKET)
+    origin_client(far).create_bucket(Bucket=FAR_BUCKET)
 
 
 @dataclass
@@ -25,6 +43,7 @@ class Setup:
     origin: EmbeddedOrigin
     node: LotaProcess
     workdir: Path
+    far: EmbeddedOrigin | None = None
 
     def client(self, direct: bool = False) -> Any:
         if direct:
@@ -53,8 +72,14 @@ async def lota_with_origin(
     cache_size: str = "20GiB",
     cache: bool = True,
     auth: str = "sigv4",
+    far: EmbeddedOrigin | None = None,
 ) -> AsyncIterator[Setup]:
-    """An embedded origin `latency` seconds away (one way) and one LOTA node in front of it."""
+    """An embedded origin `latency` seconds away (one way) and one LOTA node in front of it.
+
+    With `far`, a second region (eu-west) whose origin is `far`: bucket ``FAR_BUCKET`` is
+    homed there and writes to it are accelerated (catalog in SQLite, staging bucket
+    ``STAGING_BUCKET`` in the first origin).
+    """
     with tempfile.TemporaryDirectory(prefix="lota-bench-") as tmp:
         work = Path(tmp)
         async with EmbeddedOrigin(latency=latency, bandwidth=bandwidth) as origin:
@@ -70,10 +95,16 @@ async def lota_with_origin(
             credentials = write_credentials(work / "credentials.toml")
             lines += ["[auth]", f'mode = "{auth}"', f'credentials = "{credentials}"']
             lines += ["[regions.us-east]", f'endpoint = "{origin.endpoint}"']
+            if far is not None:
+                lines += [f'staging_bucket = "{STAGING_BUCKET}"']
+                lines += ["[regions.eu-west]", f'endpoint = "{far.endpoint}"']
+                lines += ["[write]", f'catalog = "sqlite:///{work}/catalog.db"']
+                lines += ['staging_grace = "0s"', "[buckets]", f'"{FAR_BUCKET}" = "eu-west"']
+                await asyncio.to_thread(_create_buckets, origin, far)
             config.write_text("\n".join(lines) + "\n")
             node = LotaProcess(["--config", str(config)], log_path=work / "lota.log").start()
             try:
-                yield Setup(origin, node, work)
+                yield Setup(origin, node, work, far)
             finally:
                 node.stop()
 

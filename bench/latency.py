@@ -37,7 +37,7 @@ import boto3
 from botocore.config import Config
 
 from bench.common import Setup, lota_with_origin, percentiles, save, table
-from bench.payload import human, parse_size
+from bench.payload import human, load_average, parse_size
 from lota.config import parse_duration
 from lota.devtools import PRINCIPALS
 
@@ -310,6 +310,8 @@ async def main() -> None:
     args.sizes = [parse_size(s) for s in args.sizes.split(",")]
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     started = time.perf_counter()
+    load_before = load_average()
+    print(load_before, flush=True)
     async with lota_with_origin(latency=args.latency_s) as setup:
         try:
             cells = await measure(setup, args)
@@ -317,8 +319,11 @@ async def main() -> None:
             print("LOTA's log ends with:\n" + setup.node.log_tail(60))
             raise
     targets = report(cells, args)
+    load_after = load_average()
+    print(load_after)
     meta = {k: v for k, v in vars(args).items()}
-    path = save("latency", {"args": meta, "cells": cells, "targets": targets})
+    loads = [load_before, load_after]
+    path = save("latency", {"args": meta, "cells": cells, "targets": targets, "load": loads})
     print(f"\nsaved {path} ({time.perf_counter() - started:.0f} s in all)")
 
 

@@ -35,7 +35,15 @@ from typing import Any
 from boto3.s3.transfer import TransferConfig
 
 from bench.common import Setup, lota_with_origin, peak_rss_mib, save, table
-from bench.payload import MiB, PatternReader, expected_digest, get_and_hash, human, parse_size
+from bench.payload import (
+    MiB,
+    PatternReader,
+    expected_digest,
+    get_and_hash,
+    human,
+    load_average,
+    parse_size,
+)
 
 BUCKET = "memory-bench"
 
@@ -94,12 +102,14 @@ class RssSampler:
 
 
 def transfer_config(args: argparse.Namespace) -> TransferConfig:
-    return TransferConfig(
+    config = TransferConfig(
         multipart_threshold=8 * MiB,
         multipart_chunksize=args.part_size,
         max_concurrency=args.part_threads,
-        max_in_memory_upload_chunks=2 * args.part_threads,
     )
+    # Parts read ahead from a non-seekable stream (s3transfer's default is 10).
+    config.max_in_memory_upload_chunks = 2 * args.part_threads
+    return config
 
 
 def check(what: str, got: tuple[int, str, str], size: int, digest: str) -> str:
@@ -292,6 +302,7 @@ async def main() -> None:
             print("LOTA's log ends with:\n" + setup.node.log_tail(60))
             raise
     report(args, out)
+    print(load_average())
     name = "memory_mix" if args.mix else "memory"
     path = save(name, {"args": {k: v for k, v in vars(args).items()}, **out})
     print(f"\nsaved {path}")

@@ -9,6 +9,7 @@ correct download must have; :func:`drain` hashes a streaming body without keepin
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from collections.abc import Iterable
@@ -93,3 +94,8 @@ def get_and_hash(s3: Any, bucket: str, key: str) -> tuple[int, str, str]:
     source = got["ResponseMetadata"]["HTTPHeaders"].get("x-lota-cache", "-")
     count, digest = drain(got["Body"].iter_chunks(BLOCK))
     return count, digest, source
+
+
+def load_average() -> str:
+    """The 1-minute load average and core count: this machine is shared, say how busy it was."""
+    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"

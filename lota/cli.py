@@ -73,6 +73,20 @@ def _parser() -> argparse.ArgumentParser:
     migrations.set_defaults(command=_migrations)
     migrations.add_argument("--config", help="TOML config file (also LOTA_CONFIG)")
     migrations.add_argument("--json", action="store_true", help="one JSON object")
+
+    lifecycle = commands.add_parser("lifecycle", help="access-based tiering: plan or run")
+    steps = lifecycle.add_subparsers(title="steps")
+    plan = steps.add_parser("plan", help="print what would move between tiers, and why")
+    plan.set_defaults(command=_lifecycle_plan)
+    plan.add_argument("--bucket", help="only this bucket")
+    plan.add_argument("--json", action="store_true", help="one JSON object per line")
+    run = steps.add_parser("run", help="apply the transitions once and exit")
+    run.set_defaults(command=_lifecycle_run)
+    for step in (plan, run):
+        step.add_argument("--config", help="TOML config file (also LOTA_CONFIG)")
+        step.add_argument(
+            "--now", help="decide as of this time (ISO 8601); wins over LOTA_TIME_OFFSET"
+        )
     return parser
 
 
@@ -209,6 +223,22 @@ def _migrations(args: argparse.Namespace) -> int:
             f"oldest {report['oldest_age_seconds']}s; failing: {report['failing']}"
         )
     return 0
+
+
+def _lifecycle_plan(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from lota.lifecycle.cli import plan_command
+
+    return uvloop.run(plan_command(args.config, args.bucket, args.now, args.json, sys.stdout))
+
+
+def _lifecycle_run(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from lota.lifecycle.cli import run_command
+
+    return uvloop.run(run_command(args.config, args.now))
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:

@@ -2,7 +2,8 @@
 
 ``LOTA_TIME_OFFSET`` (``"30d"``, ``"-2h"``, seconds) shifts the clock of a whole ``lota``
 process, which lets a 90-day lifecycle scenario run in seconds; tests pass a
-:class:`FakeClock` instead.
+:class:`FakeClock` instead. Access times, revalidation ages and lifecycle decisions follow
+it; SigV4 signatures (checked and made) always use the real time.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from lota.lifecycle.config import LifecycleConfig
+from lota.lifecycle.config import from_toml as lifecycle_from_toml
 from lota.s3.addressing import is_valid_bucket_name
 
 _SIZE_UNITS = {
@@ -193,6 +195,7 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     # This node's name in the catalog (leases, local-disk staging); defaults to the hostname.
     node: str = ""
     regions: Mapping[str, RegionConfig] = field(default_factory=dict)
@@ -308,6 +311,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
     try:
         cache = _cache(raw.pop("cache", {}))
         write = _write(raw.pop("write", {}))
+        lifecycle = lifecycle_from_toml(raw.pop("lifecycle", {}))
         auth = _auth(raw.pop("auth", {}))
         region = str(raw.pop("region", "us-east"))
         regions = {
@@ -340,6 +344,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
         return Config(
             region=region,
             write=write,
+            lifecycle=lifecycle,
             cache=cache,
             auth=auth,
             regions=regions,

@@ -7,7 +7,7 @@ Each :class:`Metrics` owns its own registry, so several nodes can live in one pr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -172,6 +172,21 @@ class Metrics:
         self.migration_failing = Gauge(
             "lota_migration_failing", "Pending versions whose last attempt failed", registry=r
         )
+        self.lifecycle_transitions = Counter(
+            "lota_lifecycle_transitions",
+            "Objects the lifecycle engine moved to another tier, by tier",
+            ["tier"],
+            registry=r,
+        )
+        self.lifecycle_transition_bytes = Counter(
+            "lota_lifecycle_transition_bytes", "Bytes moved between tiers", registry=r
+        )
+        self.lifecycle_failures = Counter(
+            "lota_lifecycle_failures", "Tier transitions that failed (retried next run)", registry=r
+        )
+        self.lifecycle_runs = Counter(
+            "lota_lifecycle_runs", "Lifecycle engine runs this node made", registry=r
+        )
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
         )
@@ -222,3 +237,20 @@ class _StoreCollector(Collector):
             yield GaugeMetricFamily(f"lota_cache_{name}", help_text, stats.get(name, 0))
         for name, help_text in self._COUNTERS.items():
             yield CounterMetricFamily(f"lota_cache_{name}", help_text, stats.get(name, 0))
+
+
+class LifecycleObserver:
+    """The lifecycle engine's hooks, counted in Prometheus."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def transitioned(self, decision: Any) -> None:
+        self._m.lifecycle_transitions.labels(decision.to_tier).inc()
+        self._m.lifecycle_transition_bytes.inc(decision.size)
+
+    def failed(self, decision: Any, error: Exception) -> None:
+        self._m.lifecycle_failures.inc()
+
+    def finished(self, report: Any, seconds: float) -> None:
+        self._m.lifecycle_runs.inc()

@@ -32,7 +32,7 @@ from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from lota.auth import Authenticator, Authorized
-from lota.auth.body import BodyDecoder
+from lota.auth.body import BodyDecoder, make_decoder
 from lota.auth.sigv4 import RequestView
 from lota.cache.fill import Filler
 from lota.cache.reads import ReadPath, cacheable
@@ -40,8 +40,11 @@ from lota.cache.store import CacheStore
 from lota.cache.warm import warm
 from lota.catalog import Catalog, EventKind, PendingSummary, open_catalog
 from lota.clock import Clock
-from lota.config import Config
-from lota.metrics import Metrics
+from lota.config import Config, ConfigError
+from lota.lifecycle.access import AccessRecorder
+from lota.lifecycle.engine import Engine, OriginListing, OriginMover
+from lota.lifecycle.state import LifecycleState
+from lota.metrics import LifecycleObserver, Metrics
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
 from lota.regions.migrator import Migrator
@@ -63,6 +66,8 @@ from lota.s3.xml import deleted_keys
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.server")
+# Operations that count as an access to their object (lifecycle tiering).
+ACCESSES = frozenset({"GetObject", "PutObject", "CopyObject", "CompleteMultipartUpload"})
 # S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
 DELETE_BODY_LIMIT = 2 * 1024 * 1024
 # Catalog events after which other nodes' cached copies of the key are stale.
@@ -90,7 +95,9 @@ class Node:
         self.config = config
         self.clock = clock or Clock.from_environment()
         self.metrics = Metrics()
-        self.auth = Authenticator(config.auth, self.clock)
+        # Signatures are checked and made against the real time, whatever LOTA_TIME_OFFSET
+        # says: clients and origins sign with theirs.
+        self.auth = Authenticator(config.auth, Clock())
         self.ready = False
         self.tasks = TaskGroup("node")
         self.store: CacheStore | None = None
@@ -100,6 +107,9 @@ class Node:
         self.catalog: Catalog | None = None
         self._router: RegionalRouter | None = None
         self.migrator: Migrator | None = None
+        self.lifecycle = LifecycleState(config.lifecycle.rules)
+        self.access: AccessRecorder | None = None
+        self.engine: Engine | None = None
 
     async def __aenter__(self) -> Node:
         self._session = aiohttp.ClientSession(
@@ -109,7 +119,7 @@ class Node:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         origins = {
-            name: OriginClient(region, self._session, self.metrics, self.clock)
+            name: OriginClient(region, self._session, self.metrics, Clock())
             for name, region in self.config.regions.items()
         }
         self._passthrough = PassThrough(
@@ -152,6 +162,20 @@ class Node:
         self.tasks.start(self.migrator.run(), "migrator")
         if self.store is not None:
             self.tasks.start(self._follow_events(), "invalidations")
+        self.access = AccessRecorder(self.catalog, self.clock)
+        self.access.start(self.tasks)
+        origin_for = self._passthrough.origin_for
+        self.engine = Engine(
+            self.catalog,
+            OriginListing(origin_for),
+            OriginMover(origin_for),
+            self.config.lifecycle,
+            clock=self.clock,
+            state=self.lifecycle,
+            observer=LifecycleObserver(self.metrics),
+        )
+        if self.config.lifecycle.interval > 0:
+            self.tasks.start(self.engine.run_forever(), "lifecycle")
 
     async def _open_cache(self) -> None:
         c = self.config.cache
@@ -181,6 +205,8 @@ class Node:
         tb: TracebackType | None,
     ) -> None:
         self.ready = False
+        if self.access is not None:
+            await self.access.close()  # flush the last accesses while the catalog is open
         await self.tasks.close()
         if self._reads is not None:
             self._reads.close()
@@ -201,6 +227,8 @@ class Node:
             response = await self._answer(request, ctx)
         finally:
             self.metrics.inflight.dec()
+        if self.access is not None and response.status < 300:
+            self._record_access(ctx)
         elapsed = time.perf_counter() - ctx.started
         self.metrics.requests.labels(ctx.operation, str(response.status)).inc()
         self.metrics.request_seconds.labels(ctx.operation).observe(elapsed)
@@ -215,6 +243,15 @@ class Node:
             ctx.request_id,
         )
         return response
+
+    def _record_access(self, ctx: RequestContext) -> None:
+        """Reads LOTA serves (cache hits included) and writes count as accesses for tiering;
+        HEAD and LIST do not."""
+        assert self.access is not None
+        if ctx.operation in ACCESSES and ctx.bucket and ctx.key:
+            self.access.record(ctx.bucket, ctx.key)
+            if ctx.copy_source is not None:
+                self.access.record(*ctx.copy_source)
 
     async def _answer(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
         """Run the request's steps; turn every error into an S3 XML response."""
@@ -247,6 +284,8 @@ class Node:
         view = RequestView(request.method, target.raw_path, target.query, request.headers)
         authorized = self.auth.authenticate(view, target.bucket, target.key)
         ctx.operation = authorized.operation.name
+        ctx.bucket, ctx.key = target.bucket, target.key
+        ctx.copy_source = authorized.operation.copy_source
         if "range" in request.headers and ctx.operation == "GetObject":
             parse_range(request.headers["range"])
         assert self._passthrough is not None
@@ -328,6 +367,8 @@ class Node:
             )
         if path == "/_lota/warm" and request.method == "POST":
             return await self._warm(request)
+        if path == "/_lota/lifecycle/rules":
+            return await self._lifecycle_rules(request)
         if path == "/_lota/migrations":
             raw_path, query = split_target(request.raw_path)
             view = RequestView(request.method, raw_path, query, request.headers)
@@ -337,6 +378,27 @@ class Node:
             summary = await self.catalog.pending_summary()
             return web.json_response(migration_report(summary))
         raise S3Error("InvalidRequest", f"Unknown LOTA admin call {path!r}.", status=404)
+
+    async def _lifecycle_rules(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``GET``/``PUT /_lota/lifecycle/rules``: this node's lifecycle rules, as JSON."""
+        raw_path, query = split_target(request.raw_path)
+        view = RequestView(request.method, raw_path, query, request.headers)
+        action = "s3:GetLifecycleConfiguration"
+        if request.method == "PUT":
+            action = "s3:PutLifecycleConfiguration"
+        self.auth.authorize(view, action, "*")
+        if request.method == "PUT":
+            decoder = make_decoder(view, None)
+            body = await read_small_body(
+                request, decoder, self.metrics, DELETE_BODY_LIMIT, self.config.body_timeout
+            )
+            try:
+                self.lifecycle.replace(body.decode("utf-8", "replace"))
+            except ConfigError as exc:
+                raise S3Error("InvalidArgument", str(exc)) from exc
+        elif request.method != "GET":
+            raise S3Error("MethodNotAllowed", "Use GET or PUT.")
+        return web.Response(text=self.lifecycle.as_json(), content_type="application/json")
 
     async def _warm(self, request: web.BaseRequest) -> web.StreamResponse:
         """``POST /_lota/warm?bucket=B&prefix=P[&concurrency=N]``: progress as JSON lines."""
@@ -374,12 +436,14 @@ class Node:
 class RequestContext:
     """What the handler learns about a request as it goes, for metrics and the access log."""
 
-    __slots__ = ("operation", "request_id", "started")
+    __slots__ = ("bucket", "copy_source", "key", "operation", "request_id", "started")
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.request_id = next_request_id()
         self.operation = "Unknown"
+        self.bucket = self.key = ""
+        self.copy_source: tuple[str, str] | None = None
 
 
 _REQUEST_PREFIX = uuid.uuid4().hex[:6].upper()

@@ -113,7 +113,10 @@ class Deliverer:
                         except FileNotFoundError:
                             return lo  # committed meanwhile: the store has it now
                     count = min(fill.written, hi, lo + PIECE) - lo
-                    data = await loop.run_in_executor(None, os.pread, fd, count, lo)
+                    if count <= INLINE_READ:
+                        data = os.pread(fd, count, lo)
+                    else:
+                        data = await loop.run_in_executor(None, os.pread, fd, count, lo)
                     if not data:
                         return lo
                     await response.write(data)

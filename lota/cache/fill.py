@@ -33,6 +33,7 @@ from lota.tasks import TaskGroup
 log = logging.getLogger("lota.cache")
 
 READ_SIZE = 256 * 1024
+WRITE_SIZE = 1024 * 1024
 ERROR_BODY_LIMIT = 64 * 1024
 
 # Response headers that describe the object itself and are replayed on hits.
@@ -302,13 +303,21 @@ class Filler:
     async def _write(
         self, response: aiohttp.ClientResponse, writer: ChunkWriter, fill: ChunkFill, region: str
     ) -> None:
+        # Bytes are gathered into writes of up to WRITE_SIZE: each write is a hand-off to
+        # the store's I/O thread, and readers following the fill wake once per write.
+        buffer = bytearray()
         while fill.written < fill.length:
-            piece = await response.content.read(min(READ_SIZE, fill.length - fill.written))
-            if not piece:
+            want = min(READ_SIZE, fill.length - fill.written - len(buffer))
+            piece = await response.content.read(want) if want > 0 else b""
+            if want > 0 and not piece:
                 raise OriginError("origin body ended early")
             self._metrics.origin_bytes_in.labels(region).inc(len(piece))
-            await writer.write(piece)
-            fill.advance(fill.written + len(piece))
+            buffer += piece
+            done = fill.written + len(buffer) == fill.length
+            if len(buffer) >= WRITE_SIZE or done:
+                await writer.write(bytes(buffer))
+                fill.advance(fill.written + len(buffer))
+                buffer.clear()
 
     def _done(self, obj: CachedObject, fill: ChunkFill, *, ok: bool) -> None:
         m = obj.meta

@@ -25,19 +25,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import aiohttp
 
 from lota.catalog import open_catalog
 from lota.clock import Clock
 from lota.config import Config, ConfigError
-from lota.lifecycle.config import LifecycleConfig, from_toml
+from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.metrics import Metrics
 from lota.regions.origin import OriginClient
@@ -86,28 +84,8 @@ def load_config(path: str | None) -> tuple[Config, LifecycleConfig]:
     """The config and its ``[lifecycle]`` section."""
     from lota import config as configuration
 
-    path = path or os.environ.get("LOTA_CONFIG")
-    wired = "lifecycle"
-    if wired in configuration.Config.__dataclass_fields__:
-        config = configuration.load(path)
-        lifecycle: LifecycleConfig = getattr(config, wired)
-        return config, lifecycle
-    # Until Config has a `lifecycle` field: take the section out and load the rest as
-    # configuration.load does.
-    raw: dict[str, Any] = {}
-    if path:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from exc
-    lifecycle = from_toml(raw.pop("lifecycle", {}))
-    for name, (section, key) in configuration.ENVIRONMENT.items():
-        if os.environ.get(name):
-            value: Any = os.environ[name]
-            if key == "dirs":
-                value = [d for d in value.split(",") if d]
-            configuration._set(raw, section, key, value)
-    return configuration._build(raw, os.environ), lifecycle
+    config = configuration.load(path or os.environ.get("LOTA_CONFIG"))
+    return config, config.lifecycle
 
 
 @asynccontextmanager
@@ -131,7 +109,7 @@ async def open_engine(config_path: str | None) -> AsyncIterator[tuple[Engine, Cl
         ) as session:
             metrics = Metrics()
             origins = {
-                name: OriginClient(region, session, metrics, clock)
+                name: OriginClient(region, session, metrics, Clock())
                 for name, region in config.regions.items()
             }
 

@@ -12,7 +12,7 @@ One run, for each bucket the rules name::
   against each other, so a window is only ever cut *between* matched directories. One
   directory holding more than `max_window` objects cannot be ranked that way: its objects
   are skipped (never moved) and a warning names it. Keep checkpoint directories below that
-  (250,000 objects by default; about 60 MB of window).
+  (250,000 objects by default: roughly 100 MB of window).
 * **One node at a time.** A run holds the catalog lease ``lifecycle``, renewed every third
   of its length by a heartbeat while it works and checked before every transition; a node
   that cannot take it does nothing, a node that may have lost it stops at once (nodes'

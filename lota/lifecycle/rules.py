@@ -81,11 +81,15 @@ class Tiers:
     warm: str = "STANDARD_IA"
     cold: str = "GLACIER_IR"
     archive: str = "DEEP_ARCHIVE"
+    _tiers_of: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        tiers_of: dict[str, tuple[str, ...]] = {}
         for tier in TIERS:
             if not _STORAGE_CLASS.fullmatch(getattr(self, tier)):
                 raise _error(f"lifecycle.tiers.{tier}: {getattr(self, tier)!r} is not a class")
+            tiers_of[getattr(self, tier)] = (*tiers_of.get(getattr(self, tier), ()), tier)
+        object.__setattr__(self, "_tiers_of", tiers_of)
 
     def storage_class(self, tier: str) -> str:
         return str(getattr(self, tier))
@@ -93,7 +97,7 @@ class Tiers:
     def current(self, storage_class: str, recorded: str | None) -> str | None:
         """The tier an object in `storage_class` is in, given the tier the catalog recorded;
         None when no tier maps to that class."""
-        candidates = [t for t in TIERS if getattr(self, t) == storage_class]
+        candidates = self._tiers_of.get(storage_class, ())
         if recorded in candidates:
             return recorded
         return candidates[0] if candidates else None

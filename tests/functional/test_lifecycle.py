@@ -1,0 +1,365 @@
+"""Lifecycle against a real S3 origin (moto): a bucket of 1,000 objects through 90 simulated
+days, two engines (two nodes, one shared catalog: SQLite and PostgreSQL) at every step.
+
+Reads are recorded the way a node records them, through :class:`AccessRecorder` into the
+catalog, at simulated times; the engines decide at those times (``now`` / ``--now``).
+Every request the engines make to the origin goes through a :class:`RecordingProxy`, so
+each CopyObject (a PUT: nothing else PUTs through it) is counted per key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+import zlib
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import boto3
+import pytest
+from botocore.config import Config as BotoConfig
+
+from lota.catalog import Catalog, open_catalog
+from lota.clock import Clock, FakeClock
+from lota.config import RegionConfig
+from lota.embedded import moto_server
+from lota.lifecycle.access import AccessRecorder
+from lota.lifecycle.cli import open_engine, plan_command, run_command
+from lota.lifecycle.engine import OriginMover
+from lota.lifecycle.rules import DAY, Decision
+from lota.metrics import Metrics
+from lota.regions.origin import OriginClient
+from tests.recorder import RecordingProxy, recording_proxy
+
+KiB = 1024
+MiB = 1024 * KiB
+BUCKET = "ckpt"
+RUNS, STEPS = 5, 20
+HOT = [f"data/hot-{i:04d}" for i in range(300)]  # read every week
+COLD = [f"data/cold-{i:04d}" for i in range(296)]  # never read
+SMALL = [f"small/{i:04d}" for i in range(200)]  # never read, 1 KiB
+CLASS = {"hot": "STANDARD", "warm": "STANDARD_IA", "archive": "DEEP_ARCHIVE"}
+
+
+def number(key: str) -> int:
+    """Each object's metadata `n`; every tenth object is tagged too."""
+    return 7 if "step-0020" in key else zlib.crc32(key.encode())
+
+
+def model(run: int, step: int) -> str:
+    return f"runs/r{run}/step-{step:04d}/model.pt"
+
+
+def meta(run: int, step: int) -> str:
+    return f"runs/r{run}/step-{step:04d}/meta.json"
+
+
+@dataclass
+class Setup:
+    s3: Any  # boto3, straight to moto
+    link: RecordingProxy  # moto as the engines reach it
+    configs: tuple[Path, Path]  # one per node
+    catalog: Catalog
+    t0: float  # when the objects were written (real time: moto's LastModified)
+
+    def tags(self, key: str) -> dict[str, str]:
+        tags = self.s3.get_object_tagging(Bucket=BUCKET, Key=key)["TagSet"]
+        return {t["Key"]: t["Value"] for t in tags}
+
+    def put(self, key: str, size: int, n: int | None = None) -> None:
+        n = number(key) if n is None else n
+        self.s3.put_object(
+            Bucket=BUCKET,
+            Key=key,
+            Body=bytes([n % 251]) * size,
+            Metadata={"n": str(n)},
+            ContentType="application/x-test",
+            **({"Tagging": f"team=ml&n={n}"} if n % 10 == 0 else {}),
+        )
+
+    def copies(self) -> Counter[str]:
+        return Counter(s.path[len(BUCKET) + 2 :] for s in self.link.requests("PUT"))
+
+    def storage_class(self, key: str) -> str:
+        return str(self.s3.head_object(Bucket=BUCKET, Key=key).get("StorageClass", "STANDARD"))
+
+
+def write_config(path: Path, node: str, catalog_url: str, endpoint: str, tmp: Path) -> Path:
+    path.write_text(
+        f'node = "{node}"\n'
+        '[auth]\nmode = "none"\n'
+        f'[write]\ncatalog = "{catalog_url}"\nstaging = "local-disk"\nstaging_dir = "{tmp}/st"\n'
+        f'[regions.us-east]\nendpoint = "{endpoint}"\n'
+        'access_key_id = "lota-origin"\nsecret_access_key = "lota-origin-secret"\n'
+        '[lifecycle]\ninterval = "0"\nrate = 0\n'
+        '[[lifecycle.rules]]\nbucket = "ckpt"\nprefix = "runs/*/"\nkeep_latest = 3\n'
+        'transitions = [ { days_since_last_access = 60, tier = "archive" } ]\n'
+        '[[lifecycle.rules]]\nbucket = "ckpt"\nprefix = ""\nmin_size = "128KiB"\n'
+        'transitions = [ { days_since_last_access = 30, tier = "warm" },\n'
+        '                { days_since_last_access = 60, tier = "archive" } ]\n'
+    )
+    return path
+
+
+@pytest.fixture
+def origin_link() -> Iterator[tuple[str, RecordingProxy]]:
+    with moto_server() as endpoint, recording_proxy(endpoint) as link:
+        yield endpoint, link
+
+
+@pytest.fixture
+async def setup(
+    origin_link: tuple[str, RecordingProxy], catalog_url: str, tmp_path: Path
+) -> AsyncIterator[Setup]:
+    endpoint, link = origin_link
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="lota-origin",
+        aws_secret_access_key="lota-origin-secret",
+        region_name="us-east-1",
+        config=BotoConfig(max_pool_connections=16),
+    )
+    s3.create_bucket(Bucket=BUCKET)
+    configs = (
+        write_config(tmp_path / "n1.toml", "n1", catalog_url, link.url, tmp_path),
+        write_config(tmp_path / "n2.toml", "n2", catalog_url, link.url, tmp_path),
+    )
+    catalog = await open_catalog(catalog_url, clock=Clock(), node="test")
+    try:
+        yield Setup(s3, link, configs, catalog, float(int(time.time())))
+    finally:
+        await catalog.close()
+
+
+def upload(setup: Setup) -> None:
+    """996 objects now; 4 more (a newer step in two runs) on day 14: 1,000 in all."""
+    jobs: list[tuple[str, int]] = [(k, 128 * KiB) for k in HOT + COLD]
+    jobs += [(k, KiB) for k in SMALL]
+    for step in range(STEPS):  # oldest first: LastModified orders the steps
+        for run in range(RUNS):
+            jobs += [(model(run, step), 128 * KiB), (meta(run, step), KiB)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda job: setup.put(job[0], job[1]), jobs))
+
+
+def iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).isoformat()
+
+
+async def read_weekly(setup: Setup, now: float) -> None:
+    """What a node's GETs (cache hits included) record, flushed to the catalog."""
+    recorder = AccessRecorder(setup.catalog, FakeClock(now))
+    for key in HOT:
+        recorder.record(BUCKET, key)
+    await recorder.close()
+
+
+async def two_nodes_run(setup: Setup, now: float) -> int:
+    """Both nodes run the engine at once; returns how many of them got the lease."""
+    async with AsyncExitStack() as stack:
+        engines = [(await stack.enter_async_context(open_engine(str(c))))[0] for c in setup.configs]
+        reports = await asyncio.gather(*(engine.run(now) for engine in engines))
+    ran = [r for r in reports if r is not None]
+    assert ran and all((r.failed, r.lease_lost) == (0, False) for r in ran)
+    return len(ran)
+
+
+async def plan_then_run(setup: Setup, now: float) -> list[dict[str, Any]]:
+    """`lota lifecycle plan --json`, then `lota lifecycle run`: the run copies exactly
+    the planned objects into the planned classes."""
+    out = io.StringIO()
+    assert await plan_command(str(setup.configs[0]), None, iso(now), True, out) == 0
+    planned = [json.loads(line) for line in out.getvalue().splitlines()]
+    before = setup.copies()
+    assert await run_command(str(setup.configs[1]), iso(now)) == 0
+    done = setup.copies() - before
+    assert done == Counter(p["key"] for p in planned)
+    for p in planned[:: max(1, len(planned) // 25)]:
+        assert setup.storage_class(p["key"]) == p["storage_class"] == CLASS[p["to"]]
+    return planned
+
+
+async def test_90_days_hot_stays_unread_archives_newest_checkpoints_stay(setup: Setup) -> None:
+    started = time.monotonic()
+    upload(setup)
+    t0 = setup.t0
+    planned_on: dict[int, list[dict[str, Any]]] = {}
+    ran: list[int] = []
+    for day in [*range(0, 85, 7), 90]:
+        now = t0 + day * DAY + 3600
+        if day <= 84:
+            await read_weekly(setup, now)
+        if day == 14:
+            for run in (0, 1):
+                setup.put(model(run, STEPS), 128 * KiB)
+                setup.put(meta(run, STEPS), KiB)
+        if day in (35, 63):
+            planned_on[day] = await plan_then_run(setup, now)
+        ran.append(await two_nodes_run(setup, now))
+        if day == 35:  # the shards were copied to STANDARD_IA with their tags
+            tags_after_35_days = [setup.tags(k) for k in COLD if number(k) % 10 == 0]
+            assert tags_after_35_days == [
+                {"team": "ml", "n": str(number(k))} for k in COLD if number(k) % 10 == 0
+            ]
+
+    # Day 35: the unread shards went warm (checkpoints have no warm step); day 63: archive.
+    assert {(p["key"], p["to"]) for p in planned_on[35]} == {(k, "warm") for k in COLD}
+    assert {p["reason"] for p in planned_on[35]} == {
+        "unread for 35 days (rule ckpt/ -> warm after 30)"
+    }
+    archived_models = {
+        model(run, step)
+        for run in range(RUNS)
+        for step in range(STEPS + 1 if run < 2 else STEPS)
+        if step < (STEPS + 1 if run < 2 else STEPS) - 3
+    }
+    assert {p["key"] for p in planned_on[63]} == set(COLD) | archived_models
+    assert all(p["to"] == "archive" for p in planned_on[63])
+
+    # Every transition happened exactly once, although two nodes ran at every step (and
+    # the lease kept the second out while the first ran).
+    assert 1 in ran, ran
+    copies = setup.copies()
+    assert copies == Counter({k: 2 for k in COLD} | {k: 1 for k in archived_models})
+
+    # The final state at the origin, metadata, content type and tags intact.
+    expected = {k: "STANDARD" for k in HOT + SMALL}
+    expected |= {k: "DEEP_ARCHIVE" for k in COLD}
+    for run in range(RUNS):
+        last = STEPS + 1 if run < 2 else STEPS
+        for step in range(last):
+            expected[model(run, step)] = "DEEP_ARCHIVE" if step < last - 3 else "STANDARD"
+            expected[meta(run, step)] = "STANDARD"
+    assert len(expected) == 1000
+    listed = {
+        o["Key"]: o.get("StorageClass", "STANDARD")
+        for page in setup.s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+        for o in page["Contents"]
+    }
+    assert listed == expected
+    for key in [*COLD[:40], *sorted(archived_models)[:10], *HOT[:10]]:
+        head = setup.s3.head_object(Bucket=BUCKET, Key=key)
+        assert head["Metadata"] == {"n": str(number(key))}
+        assert head["ContentType"] == "application/x-test"
+    assert tags_after_35_days  # moto refuses GetObjectTagging in archive classes: see day 35
+    assert await setup.catalog.get_tier(BUCKET, COLD[0]) == ("archive", t0 + 63 * DAY + 3600)
+
+    # A second run (and a plan) at the end change nothing.
+    before = setup.copies()
+    out = io.StringIO()
+    await plan_command(str(setup.configs[0]), BUCKET, iso(t0 + 90 * DAY + 3600), False, out)
+    assert out.getvalue() == ""
+    assert await run_command(str(setup.configs[0]), iso(t0 + 90 * DAY + 3600)) == 0
+    assert setup.copies() == before
+    assert time.monotonic() - started < 120
+
+
+async def test_objects_over_the_copy_limit_move_by_multipart_copy_with_metadata_and_tags(
+    origin_link: tuple[str, RecordingProxy],
+) -> None:
+    endpoint, link = origin_link
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        region_name="us-east-1",
+    )
+    s3.create_bucket(Bucket=BUCKET)
+    body = bytes(range(256)) * (11 * MiB // 256)
+    s3.put_object(
+        Bucket=BUCKET,
+        Key="big/ckpt.pt",
+        Body=body,
+        Metadata={"step": "9"},
+        ContentType="application/x-pt",
+        CacheControl="no-transform",
+        Tagging="team=ml&kind=ckpt",
+    )
+    etag = s3.head_object(Bucket=BUCKET, Key="big/ckpt.pt")["ETag"]
+    region = RegionConfig(name="r", endpoint=link.url, access_key_id="k", secret_access_key="s")
+    async with aiohttp.ClientSession() as session:
+        origin = OriginClient(region, session, Metrics(), Clock())
+        mover = OriginMover(lambda bucket: origin, copy_limit=8 * MiB, part_size=5 * MiB)
+        decision = Decision(
+            bucket=BUCKET,
+            key="big/ckpt.pt",
+            size=len(body),
+            from_tier="hot",
+            to_tier="archive",
+            storage_class="GLACIER_IR",
+            reason="test",
+            etag=etag,
+        )
+        assert await mover.check(decision) is None
+        assert await mover.copy(decision) is None
+    head = s3.head_object(Bucket=BUCKET, Key="big/ckpt.pt")
+    assert head["StorageClass"] == "GLACIER_IR" and head["ETag"].endswith('-3"')
+    assert head["Metadata"] == {"step": "9"} and head["ContentType"] == "application/x-pt"
+    assert head["CacheControl"] == "no-transform"
+    tags = s3.get_object_tagging(Bucket=BUCKET, Key="big/ckpt.pt")["TagSet"]
+    assert {t["Key"]: t["Value"] for t in tags} == {"team": "ml", "kind": "ckpt"}
+    assert s3.get_object(Bucket=BUCKET, Key="big/ckpt.pt")["Body"].read() == body
+    puts = link.requests("PUT")  # three UploadPartCopy, no CopyObject
+    assert [s.query.startswith(f"partNumber={n}&") for n, s in enumerate(puts, 1)] == [True] * 3
+
+
+def test_reads_served_by_a_node_cache_hits_included_count_as_accesses_head_and_list_do_not(
+    origin: str, credentials_file: Path, tmp_path: Path
+) -> None:
+    from lota.devtools import LotaProcess
+    from tests.conftest import client_for
+
+    direct = boto3.client(
+        "s3",
+        endpoint_url=origin,
+        aws_access_key_id="lota-origin",
+        aws_secret_access_key="lota-origin-secret",
+        region_name="us-east-1",
+    )
+    direct.create_bucket(Bucket="accessed")
+    for key in ("read-me", "head-me"):
+        direct.put_object(Bucket="accessed", Key=key, Body=b"x" * 1000)
+    catalog_url = f"sqlite:///{tmp_path}/catalog.db"
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'[cache]\ndirs = ["{tmp_path}/cache"]\nsize = "1GiB"\nrevalidate_after = "1h"\n'
+        f'[auth]\ncredentials = "{credentials_file}"\n'
+        f'[write]\ncatalog = "{catalog_url}"\nstaging = "local-disk"\nstaging_dir = "{tmp_path}/staging"\n'
+        f'[lifecycle]\ninterval = "0"\n'
+        f'[regions.us-east]\nendpoint = "{origin}"\n'
+    )
+    node = LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log").start()
+    s3 = client_for(node.url)
+    sources = []
+    for _ in range(3):
+        got = s3.get_object(Bucket="accessed", Key="read-me")
+        got["Body"].read()
+        sources.append(got["ResponseMetadata"]["HTTPHeaders"]["x-lota-cache"])
+        time.sleep(0.1)
+    assert sources[0] == "MISS" and sources[-1] == "HIT"
+    s3.head_object(Bucket="accessed", Key="head-me")
+    s3.list_objects_v2(Bucket="accessed")
+    before_stop = time.time()
+    assert node.stop() == 0  # a clean shutdown flushes the recorded accesses
+
+    async def check() -> None:
+        catalog = await open_catalog(catalog_url, clock=Clock(), node="check")
+        try:
+            read_at = await catalog.last_access("accessed", "read-me")
+            assert read_at is not None and before_stop - 30 < read_at <= before_stop
+            assert await catalog.last_access("accessed", "head-me") is None
+        finally:
+            await catalog.close()
+
+    asyncio.run(check())
