@@ -100,6 +100,10 @@ async def lota_with_origin(
                 lines += ["[regions.eu-west]", f'endpoint = "{far.endpoint}"']
                 lines += ["[write]", f'catalog = "sqlite:///{work}/catalog.db"']
                 lines += ['staging_grace = "0s"', "[buckets]", f'"{FAR_BUCKET}" = "eu-west"']
+                lines += ["[lifecycle]", 'interval = "0"', "[[lifecycle.rules]]"]
+                lines += ['bucket = "datasets"', 'prefix = "imagenet/"']
+                lines += ['transitions = [{ days_since_last_access = 30, tier = "warm" },']
+                lines += ['  { days_since_last_access = 60, tier = "archive" }]']
                 await asyncio.to_thread(_create_buckets, origin, far)
             config.write_text("\n".join(lines) + "\n")
             node = LotaProcess(["--config", str(config)], log_path=work / "lota.log").start()

@@ -16,8 +16,11 @@ import argparse
 import asyncio
 import os
 import re
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench.common import FAR_BUCKET, Setup, lota_with_origin, origin_client, table
@@ -74,6 +77,34 @@ def cross_region(setup: Setup) -> None:
         f"  landed in eu-west {time.perf_counter() - started:.1f}s later, same ETag:",
         far.head_object(Bucket=FAR_BUCKET, Key="step-2000.pt")["ETag"],
     )
+
+
+def lifecycle_plan(setup: Setup) -> None:
+    """What access-based tiering would do to the dataset 45 and 90 days from now."""
+    config = setup.workdir / "lota.toml"
+    for days in (45, 90):
+        when = datetime.now(UTC) + timedelta(days=days)
+        say(f"lota lifecycle plan, {days} days from now (nobody reads the dataset meanwhile)")
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lota",
+                "lifecycle",
+                "plan",
+                "--config",
+                str(config),
+                "--now",
+                when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        print("\n".join(f"  {line}" for line in done.stdout.splitlines()) or "  (nothing moves)")
+        if done.returncode:
+            print(done.stderr[-2000:])
 
 
 def workload(setup: Setup) -> None:
@@ -133,6 +164,7 @@ def workload(setup: Setup) -> None:
     print(f"  8 readers got identical bytes: {all(results)}; {time.perf_counter() - started:.2f}s")
 
     cross_region(setup)
+    lifecycle_plan(setup)
 
     metrics = setup.node.metrics()
     say("what LOTA counted (/_lota/metrics)")
