@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+from xml.sax.saxutils import escape
 
 import aiohttp
 from aiohttp import web
@@ -197,6 +198,8 @@ class Node:
         self.metrics.watch_store(self.store)
         filler = Filler(self.store, c.chunk_size, self.metrics, self.clock, self.tasks)
         self._reads = ReadPath(self.store, filler, c, self.clock, self.metrics)
+        if self.config.lifecycle.restore_on_read:
+            self._reads.on_archived = self._start_restore
 
     async def __aexit__(
         self,
@@ -344,6 +347,25 @@ class Node:
         if self.catalog is not None:
             for key in keys:
                 await self.catalog.publish(EventKind.INVALIDATE, bucket, key)
+
+    def _start_restore(self, origin: OriginClient, bucket: str, key: str) -> None:
+        """Ask the origin to restore an archived object someone tried to read."""
+        lc = self.config.lifecycle
+        body = (
+            f"<RestoreRequest><Days>{lc.restore_days}</Days><GlacierJobParameters>"
+            f"<Tier>{escape(lc.restore_tier)}</Tier></GlacierJobParameters></RestoreRequest>"
+        ).encode()
+
+        async def restore() -> None:
+            headers = {"content-length": str(len(body))}
+            async with origin.request(
+                "POST", bucket, key, query=[("restore", "")], headers=headers, body=body
+            ) as reply:
+                log.info(
+                    "restore of archived %s/%s requested: origin %d", bucket, key, reply.status
+                )
+
+        self.tasks.start(restore(), f"restore {bucket}/{key}")
 
     async def _follow_events(self) -> None:
         """Drop cached copies that writes on other nodes made stale."""

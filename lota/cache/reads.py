@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from aiohttp import web
@@ -76,6 +76,8 @@ class ReadPath:
         self._clock = clock
         self._metrics = metrics
         self._cs = config.chunk_size
+        # Called when the origin refuses a read because the object must be restored first.
+        self.on_archived: Callable[[OriginClient, str, str], None] = lambda *_: None
         # (bucket, key, etag) -> last chunk served, to spot sequential readers.
         self._last_chunk: OrderedDict[tuple[str, str, str], int] = OrderedDict()
 
@@ -92,6 +94,8 @@ class ReadPath:
         if obj is None:
             result = await self._miss(request, target, origin)
             if isinstance(result, OriginReply):
+                if result.status == 403 and b"InvalidObjectState" in result.body:
+                    self.on_archived(origin, target.bucket, target.key)
                 return _reply(result)
             obj, source = result, "MISS"
         self._metrics.cache_requests.labels(source).inc()

@@ -54,6 +54,12 @@ class LifecycleConfig:
     # Seconds the engine's catalog lease lasts unless renewed.
     lease: float = 60.0
     rules: tuple[Rule, ...] = ()
+    # A GET of an object the origin keeps in a class that must be restored first answers
+    # the origin's InvalidObjectState; with this on, LOTA also asks the origin to restore
+    # it (for restore_days, at restore_tier) so that a retry later succeeds.
+    restore_on_read: bool = False
+    restore_days: int = 1
+    restore_tier: str = "Standard"
 
     def __post_init__(self) -> None:
         if self.interval < 0 or self.rate < 0:

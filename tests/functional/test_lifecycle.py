@@ -363,3 +363,52 @@ def test_reads_served_by_a_node_cache_hits_included_count_as_accesses_head_and_l
             await catalog.close()
 
     asyncio.run(check())
+
+
+@pytest.mark.parametrize("restore_on_read", [False, True])
+def test_reading_an_archived_object_relays_invalid_object_state_or_starts_the_restore(
+    origin: str, credentials_file: Path, tmp_path: Path, restore_on_read: bool
+) -> None:
+    from lota.devtools import LotaProcess
+    from tests.conftest import client_for
+
+    direct = boto3.client(
+        "s3",
+        endpoint_url=origin,
+        aws_access_key_id="lota-origin",
+        aws_secret_access_key="lota-origin-secret",
+        region_name="us-east-1",
+    )
+    bucket = f"archived-{int(restore_on_read)}"
+    direct.create_bucket(Bucket=bucket)
+    direct.put_object(Bucket=bucket, Key="old.pt", Body=b"frozen", StorageClass="DEEP_ARCHIVE")
+    glacier = direct.put_object(
+        Bucket=bucket, Key="ir.pt", Body=b"instant", StorageClass="GLACIER_IR"
+    )
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'[cache]\ndirs = ["{tmp_path}/cache"]\nsize = "1GiB"\n'
+        f'[auth]\ncredentials = "{credentials_file}"\n'
+        f"[lifecycle]\nrestore_on_read = {'true' if restore_on_read else 'false'}\n"
+        f'[regions.us-east]\nendpoint = "{origin}"\n'
+    )
+    node = LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log").start()
+    try:
+        s3 = client_for(node.url, retries={"max_attempts": 1})
+        # A class the origin reads directly is served, and cached.
+        assert s3.get_object(Bucket=bucket, Key="ir.pt")["Body"].read() == b"instant"
+        assert glacier["ETag"]
+        with pytest.raises(s3.exceptions.InvalidObjectState):
+            s3.get_object(Bucket=bucket, Key="old.pt")
+        deadline = time.monotonic() + 10
+        restored = None
+        while time.monotonic() < deadline:
+            restored = direct.head_object(Bucket=bucket, Key="old.pt").get("Restore")
+            if restored or not restore_on_read:
+                break
+            time.sleep(0.1)
+        assert bool(restored) == restore_on_read
+        if restore_on_read:
+            assert s3.get_object(Bucket=bucket, Key="old.pt")["Body"].read() == b"frozen"
+    finally:
+        node.stop()
