@@ -94,8 +94,6 @@ class Deliverer:
                 lo = await self._follow(response, fill, lo, hi)
                 if lo >= hi:
                     return
-                if fill.failed:
-                    break
         await self._from_origin(
             response, origin, obj, index * self.chunk_size + lo, index * self.chunk_size + hi - 1
         )

@@ -280,8 +280,12 @@ class Filler:
     ) -> None:
         writer = await self.store.begin_chunk(obj, fill.index)
         if writer is None:
-            self._metrics.cache_bypassed_fills.inc()
-            self._done(obj, fill, ok=False)
+            # Either another fill committed this chunk a moment ago (its readers will find
+            # it in the store), or the cache cannot take it (they fetch it themselves).
+            cached = self.store.has_chunk(obj, fill.index)
+            if not cached:
+                self._metrics.cache_bypassed_fills.inc()
+            self._done(obj, fill, ok=cached)
             await _skip(response, fill.length)
             return
         fill.path = writer.path

@@ -1,8 +1,9 @@
 """Lifecycle against a real S3 origin (moto): a bucket of 1,000 objects through 90 simulated
 days, two engines (two nodes, one shared catalog: SQLite and PostgreSQL) at every step.
 
-Reads are recorded the way a node records them, through :class:`AccessRecorder` into the
-catalog, at simulated times; the engines decide at those times (``now`` / ``--now``).
+The weekly reads go through a real LOTA node with a cache, started each simulated week with
+``LOTA_TIME_OFFSET`` set to that week: after the first week they are cache hits only, and
+the node records them in the catalog; the engines decide at those times (``now``).
 Every request the engines make to the origin goes through a :class:`RecordingProxy`, so
 each CopyObject (a PUT: nothing else PUTs through it) is counted per key.
 """
@@ -29,10 +30,10 @@ import pytest
 from botocore.config import Config as BotoConfig
 
 from lota.catalog import Catalog, open_catalog
-from lota.clock import Clock, FakeClock
+from lota.clock import Clock
 from lota.config import RegionConfig
+from lota.devtools import LotaProcess
 from lota.embedded import moto_server
-from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.cli import open_engine, plan_command, run_command
 from lota.lifecycle.engine import OriginMover
 from lota.lifecycle.rules import DAY, Decision
@@ -70,6 +71,7 @@ class Setup:
     configs: tuple[Path, Path]  # one per node
     catalog: Catalog
     t0: float  # when the objects were written (real time: moto's LastModified)
+    reader: Path  # a node with a cache, through which the weekly reads go
 
     def tags(self, key: str) -> dict[str, str]:
         tags = self.s3.get_object_tagging(Bucket=BUCKET, Key=key)["TagSet"]
@@ -134,9 +136,14 @@ async def setup(
         write_config(tmp_path / "n1.toml", "n1", catalog_url, link.url, tmp_path),
         write_config(tmp_path / "n2.toml", "n2", catalog_url, link.url, tmp_path),
     )
+    reader = tmp_path / "reader.toml"
+    reader.write_text(
+        configs[0].read_text().replace('node = "n1"', 'node = "reader"')
+        + f'[cache]\ndirs = ["{tmp_path}/cache"]\nsize = "1GiB"\nrevalidate_after = "365d"\n'
+    )
     catalog = await open_catalog(catalog_url, clock=Clock(), node="test")
     try:
-        yield Setup(s3, link, configs, catalog, float(int(time.time())))
+        yield Setup(s3, link, configs, catalog, float(int(time.time())), reader)
     finally:
         await catalog.close()
 
@@ -156,12 +163,38 @@ def iso(moment: float) -> str:
     return datetime.fromtimestamp(moment, UTC).isoformat()
 
 
-async def read_weekly(setup: Setup, now: float) -> None:
-    """What a node's GETs (cache hits included) record, flushed to the catalog."""
-    recorder = AccessRecorder(setup.catalog, FakeClock(now))
-    for key in HOT:
-        recorder.record(BUCKET, key)
-    await recorder.close()
+def hot_gets(setup: Setup) -> list[Any]:
+    return [s for s in setup.link.requests("GET") if s.path.startswith(f"/{BUCKET}/data/hot-")]
+
+
+def read_weekly(setup: Setup, now: float) -> list[str]:
+    """Read the hot shards through a real LOTA node whose clock says `now`
+    (LOTA_TIME_OFFSET); it records the reads, cache hits included, and flushes them to the
+    catalog when it stops. Returns where each answer came from (x-lota-cache)."""
+    node = LotaProcess(
+        ["--config", str(setup.reader)],
+        log_path=setup.reader.with_suffix(".log"),
+        env={"LOTA_TIME_OFFSET": f"{now - time.time():.0f}"},
+    ).start()
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=node.url,
+        aws_access_key_id="any",
+        aws_secret_access_key="any",
+        region_name="us-east-1",
+        config=BotoConfig(max_pool_connections=16),
+    )
+
+    def read(key: str) -> str:
+        got = s3.get_object(Bucket=BUCKET, Key=key)
+        got["Body"].read()
+        return str(got["ResponseMetadata"]["HTTPHeaders"]["x-lota-cache"])
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            return list(pool.map(read, HOT))
+    finally:
+        assert node.stop() == 0
 
 
 async def two_nodes_run(setup: Setup, now: float) -> int:
@@ -198,7 +231,10 @@ async def test_90_days_hot_stays_unread_archives_newest_checkpoints_stay(setup: 
     for day in [*range(0, 85, 7), 90]:
         now = t0 + day * DAY + 3600
         if day <= 84:
-            await read_weekly(setup, now)
+            sources = await asyncio.to_thread(read_weekly, setup, now)
+            assert set(sources) == ({"MISS"} if day == 0 else {"HIT"}), (day, set(sources))
+            if day == 0:
+                cold_reads = len(hot_gets(setup))
         if day == 14:
             for run in (0, 1):
                 setup.put(model(run, STEPS), 128 * KiB)
@@ -212,6 +248,8 @@ async def test_90_days_hot_stays_unread_archives_newest_checkpoints_stay(setup: 
                 {"team": "ml", "n": str(number(k))} for k in COLD if number(k) % 10 == 0
             ]
 
+    # After week 0 the weekly reads were cache hits only: the origin saw no GET of them.
+    assert len(hot_gets(setup)) == cold_reads >= len(HOT)
     # Day 35: the unread shards went warm (checkpoints have no warm step); day 63: archive.
     assert {(p["key"], p["to"]) for p in planned_on[35]} == {(k, "warm") for k in COLD}
     assert {p["reason"] for p in planned_on[35]} == {
