@@ -82,6 +82,8 @@ class RegionalRouter:
                 return await self._delete_objects(target, delete_body)
             return None
         if name in _WRITES and await self._accelerates(target):
+            if name == "CreateMultipartUpload" and self.accelerator.staging.mode != "bucket":
+                return None  # local-disk staging takes single PUTs; uploads go straight home
             return await self._write(request, target, operation, decoder)
         return None
 
