@@ -109,7 +109,11 @@ class Deliverer:
                         try:
                             fd = os.open(fill.path, os.O_RDONLY)
                         except FileNotFoundError:
-                            return lo  # committed meanwhile: the store has it now
+                            # Being committed (renamed) right now: the store has it once
+                            # the fill says it is done.
+                            while not fill.finished:
+                                await fill.wait()
+                            return lo
                     count = min(fill.written, hi, lo + PIECE) - lo
                     if count <= INLINE_READ:
                         data = os.pread(fd, count, lo)
