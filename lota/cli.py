@@ -134,17 +134,18 @@ async def _embedded_origin(
     os.environ.setdefault("AWS_ACCESS_KEY_ID", origin.access_key_id)
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", origin.secret_access_key)
     extra: dict[str, Any] = {"origin": origin.endpoint}
-    probe = configuration.load(path, overrides={**overrides, **extra})
-    if probe.auth.mode == "sigv4" and not (
-        args.credentials or os.environ.get("LOTA_AUTH_CREDENTIALS")
-    ):
-        extra["auth.credentials"] = str(_demo_credentials(probe))
+    try:
+        configuration.load(path, overrides={**overrides, **extra})
+    except ConfigError:
+        # sigv4 (the default) with no credentials file anywhere: make one to print.
+        extra["auth.credentials"] = str(_demo_credentials(args.cache_dir))
+        configuration.load(path, overrides={**overrides, **extra})  # any other error stands
     return extra
 
 
-def _demo_credentials(config: Config) -> Path:
+def _demo_credentials(cache_dirs: list[str] | None) -> Path:
     """A credentials file with one all-powerful principal, next to the cache (or in ./var)."""
-    base = Path(config.cache.dirs[0]).parent if config.cache.dirs else Path("var")
+    base = Path(cache_dirs[0]).parent if cache_dirs else Path("var")
     base.mkdir(parents=True, exist_ok=True)
     path = base / "demo-credentials.toml"
     if not path.exists():

@@ -149,3 +149,62 @@ def _origin_client(origin: EmbeddedOrigin) -> Any:
         region_name="us-east-1",
         config=BotoConfig(retries={"max_attempts": 1}),
     )
+
+
+def test_serve_with_nothing_configured_starts_an_embedded_origin_and_prints_credentials(
+    tmp_path: Path,
+) -> None:
+    import os
+    import re
+    import sys
+
+    import boto3
+
+    from lota.embedded import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LOTA_"))}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lota",
+            "serve",
+            "--embedded-origin",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--cache-size",
+            "1GiB",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        printed = ""
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            printed += line
+            if line.startswith("Try:"):
+                break
+        key = re.search(r"AWS_ACCESS_KEY_ID=(\S+)", printed)
+        secret = re.search(r"AWS_SECRET_ACCESS_KEY=(\S+)", printed)
+        assert key and secret, printed
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            aws_access_key_id=key.group(1),
+            aws_secret_access_key=secret.group(1),
+        )
+        s3.create_bucket(Bucket="first-bucket")
+        assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["first-bucket"]
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        if proc.stdout is not None:
+            proc.stdout.close()
