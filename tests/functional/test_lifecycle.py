@@ -353,18 +353,12 @@ async def test_objects_over_the_copy_limit_move_by_multipart_copy_with_metadata_
 
 
 def test_reads_served_by_a_node_cache_hits_included_count_as_accesses_head_and_list_do_not(
-    origin: str, credentials_file: Path, tmp_path: Path
+    origin: str, origin_s3: Any, credentials_file: Path, tmp_path: Path
 ) -> None:
     from lota.devtools import LotaProcess
     from tests.conftest import client_for
 
-    direct = boto3.client(
-        "s3",
-        endpoint_url=origin,
-        aws_access_key_id="lota-origin",
-        aws_secret_access_key="lota-origin-secret",
-        region_name="us-east-1",
-    )
+    direct = origin_s3
     direct.create_bucket(Bucket="accessed")
     for key in ("read-me", "head-me"):
         direct.put_object(Bucket="accessed", Key=key, Body=b"x" * 1000)
@@ -405,18 +399,12 @@ def test_reads_served_by_a_node_cache_hits_included_count_as_accesses_head_and_l
 
 @pytest.mark.parametrize("restore_on_read", [False, True])
 def test_reading_an_archived_object_relays_invalid_object_state_or_starts_the_restore(
-    origin: str, credentials_file: Path, tmp_path: Path, restore_on_read: bool
+    origin: str, origin_s3: Any, credentials_file: Path, tmp_path: Path, restore_on_read: bool
 ) -> None:
     from lota.devtools import LotaProcess
     from tests.conftest import client_for
 
-    direct = boto3.client(
-        "s3",
-        endpoint_url=origin,
-        aws_access_key_id="lota-origin",
-        aws_secret_access_key="lota-origin-secret",
-        region_name="us-east-1",
-    )
+    direct = origin_s3
     bucket = f"archived-{int(restore_on_read)}"
     direct.create_bucket(Bucket=bucket)
     direct.put_object(Bucket=bucket, Key="old.pt", Body=b"frozen", StorageClass="DEEP_ARCHIVE")
