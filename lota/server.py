@@ -298,6 +298,8 @@ class Node:
         if self._router is not None:
             routed = await self._router.handle(request, target, authorized.operation, decoder)
             if routed is not None:
+                if ctx.operation in INVALIDATING:
+                    await self._drop_cached(target.bucket, [target.key])
                 return routed
         origin = self._passthrough.origin_for(target.bucket)
         if (
@@ -331,6 +333,7 @@ class Node:
         if self._router is not None:
             routed = await self._router.handle(request, target, authorized.operation, decoder, body)
             if routed is not None:
+                await self._drop_cached(target.bucket, keys)
                 return routed
         await self._invalidate(target.bucket, keys)
         try:
@@ -338,12 +341,17 @@ class Node:
         finally:
             await self._invalidate(target.bucket, keys)
 
-    async def _invalidate(self, bucket: str, keys: list[str]) -> None:
-        """Drop cached copies of objects a write changes (before and after it), here and,
-        through the catalog, on every other node."""
+    async def _drop_cached(self, bucket: str, keys: list[str]) -> None:
+        """Drop this node's cached copies (accelerated writes: the catalog's own events tell
+        the other nodes)."""
         if self.store is not None:
             for key in keys:
                 await self.store.invalidate(bucket, key)
+
+    async def _invalidate(self, bucket: str, keys: list[str]) -> None:
+        """Drop cached copies of objects a write changes (before and after it), here and,
+        through the catalog, on every other node."""
+        await self._drop_cached(bucket, keys)
         if self.catalog is not None:
             for key in keys:
                 await self.catalog.publish(EventKind.INVALIDATE, bucket, key)

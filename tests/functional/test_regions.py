@@ -263,3 +263,23 @@ def _metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
+
+
+def test_an_accelerated_overwrite_is_never_answered_with_old_cached_bytes(
+    regions: TwoRegions,
+) -> None:
+    s3a, s3b = client_for(regions.a.url), client_for(regions.b.url)
+    regions.origin_b.put_object(Bucket=FAR, Key="model.pt", Body=b"version 1")
+    for s3 in (s3a, s3b):  # both nodes cache version 1
+        assert s3.get_object(Bucket=FAR, Key="model.pt")["Body"].read() == b"version 1"
+        assert s3.get_object(Bucket=FAR, Key="model.pt")["Body"].read() == b"version 1"
+    s3a.put_object(Bucket=FAR, Key="model.pt", Body=b"version 2")
+    for s3 in (s3a, s3b):
+        assert s3.get_object(Bucket=FAR, Key="model.pt")["Body"].read() == b"version 2"
+    deadline = time.monotonic() + 30
+    while regions.origin_b.get_object(Bucket=FAR, Key="model.pt")["Body"].read() != b"version 2":
+        assert time.monotonic() < deadline, "version 2 did not migrate"
+        time.sleep(0.2)
+    time.sleep(1.5)  # the catalog now says migrated: reads go back to caches and origins
+    for s3 in (s3a, s3b):
+        assert s3.get_object(Bucket=FAR, Key="model.pt")["Body"].read() == b"version 2"
