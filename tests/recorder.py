@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from lota.devtools import free_port
 
@@ -95,7 +96,7 @@ class RecordingProxy:
             if k.lower() not in ("host", "transfer-encoding")
         }
         body = request.content if request.body_exists else None
-        url = self.target + request.raw_path
+        url = URL(self.target + request.raw_path, encoded=True)  # keep "..", "//" as sent
         async with session.request(
             request.method,
             url,

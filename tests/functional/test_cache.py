@@ -449,3 +449,19 @@ def test_lota_warm_fills_a_prefix_with_progress(
         check=False,
     )
     assert denied.returncode == 1 and "SignatureDoesNotMatch" in denied.stderr
+
+
+def test_keys_that_look_like_paths_are_cached_inside_the_cache_dirs_only(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    node = node_factory()
+    s3 = client_for(node.url)
+    key = "../../lota-cache-escape-check"
+    origin_s3.put_object(Bucket=bucket, Key=key, Body=b"inside the cache only")
+    assert _get(s3, bucket, key)[0] == b"inside the cache only"
+    assert _hit(s3, bucket, key) == (b"inside the cache only", "HIT")
+    assert not any(
+        p.name == "lota-cache-escape-check"
+        for p in tmp_path.parent.parent.rglob("lota-cache-escape-check")
+    )
+    assert _chunk_files(tmp_path / "cache")  # the chunk is stored, under the cache dir
