@@ -45,6 +45,7 @@ from lota.config import Config, ConfigError
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.lifecycle.state import LifecycleState
+from lota.logs import AccessLog
 from lota.metrics import LifecycleObserver, Metrics
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
@@ -86,7 +87,6 @@ INVALIDATING = frozenset(
         "RestoreObject",
     }
 )
-access_log = logging.getLogger("lota.access")
 
 
 class Node:
@@ -111,6 +111,7 @@ class Node:
         self.lifecycle = LifecycleState(config.lifecycle.rules)
         self.access: AccessRecorder | None = None
         self.engine: Engine | None = None
+        self.access_log = AccessLog()
 
     async def __aenter__(self) -> Node:
         self._session = aiohttp.ClientSession(
@@ -219,6 +220,7 @@ class Node:
             await self.catalog.close()
         if self._session is not None:
             await self._session.close()
+        self.access_log.flush()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request; never raises except to abort a response already started."""
@@ -235,14 +237,13 @@ class Node:
         elapsed = time.perf_counter() - ctx.started
         self.metrics.requests.labels(ctx.operation, str(response.status)).inc()
         self.metrics.request_seconds.labels(ctx.operation).observe(elapsed)
-        access_log.info(
-            '%s "%s %s" %d %s %.1fms id=%s',
+        self.access_log.write(
             request.remote,
             request.method,
-            request.raw_path[:256],
+            request.raw_path,
             response.status,
             ctx.operation,
-            elapsed * 1000,
+            elapsed,
             ctx.request_id,
         )
         return response
