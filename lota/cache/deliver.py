@@ -63,6 +63,30 @@ class Deliverer:
             hi = min(last + 1, (index + 1) * cs) - index * cs
             await self._chunk(request, response, origin, obj, index, lo, hi, last_chunk)
 
+    async def read_cached(self, obj: CachedObject, first: int, last: int) -> bytes | None:
+        """Bytes first..last of `obj` (a small range) if the store holds all of them, read
+        inline; None if any chunk is missing or fails its check (then :meth:`send`, which
+        refetches, takes over)."""
+        cs = self.chunk_size
+        pieces = []
+        for index in range(first // cs, last // cs + 1):
+            if not self.store.has_chunk(obj, index):
+                return None
+            reader = await self.store.open_chunk(obj, index)
+            if reader is None:
+                return None
+            lo = max(first, index * cs) - index * cs
+            count = min(last + 1, (index + 1) * cs) - index * cs - lo
+            try:
+                data = os.pread(reader.fd, count, lo)
+            finally:
+                reader.close()
+            if len(data) != count:
+                raise OSError("chunk file shorter than its index entry")
+            pieces.append(data)
+        self._metrics.cache_bytes.labels("hit").inc(last - first + 1)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
     async def _chunk(
         self,
         request: web.BaseRequest,

@@ -19,10 +19,11 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import lru_cache
 
 from aiohttp import web
 
-from lota.cache.deliver import Deliverer
+from lota.cache.deliver import INLINE_READ, Deliverer
 from lota.cache.fill import Filler, OriginReply, object_meta
 from lota.cache.store import CachedObject, CacheStore, ObjectMeta
 from lota.clock import Clock
@@ -49,6 +50,9 @@ RESPONSE_OVERRIDES = {
 # Requests the cache does not answer: other versions, customer-key encryption.
 _BYPASS_QUERY = frozenset({"versionId"})
 _SEQUENTIAL_MEMORY = 4096
+# A hit this small is read into memory and sent with its headers in one write.
+SMALL_BODY = INLINE_READ
+Headers = tuple[tuple[str, str], ...]
 
 
 def cacheable(target: Target, headers: Mapping[str, str]) -> bool:
@@ -158,16 +162,16 @@ class ReadPath:
         if pending is not None:
             self._metrics.cache_coalesced.inc()
             return await asyncio.shield(pending.result)
-        span = self._cold_span(request)
+        span = self._cold_span(request, target)
         if span is None:
             return await self._head(origin, target)
         first, last = span
         job = self.filler.start(origin, target.bucket, target.key, first, last)
         return await asyncio.shield(job.result)
 
-    def _cold_span(self, request: web.BaseRequest) -> tuple[int, int | None] | None:
+    def _cold_span(self, request: web.BaseRequest, target: Target) -> tuple[int, int | None] | None:
         """Chunks a cold GET should fetch; None when only the metadata is needed first."""
-        if request.method == "HEAD" or _part_number(request) is not None:
+        if request.method == "HEAD" or _part_number(target) is not None:
             return None
         header = request.headers.get("range")
         if header is None:
@@ -200,16 +204,25 @@ class ReadPath:
             conditions.check(request.headers, m.etag, m.last_modified)
         except conditions.NotModified:
             return _not_modified(m, source)
-        part = _part_number(request)
+        part = _part_number(target)
         if part is not None:
             obj, first, last = await self._part_range(origin, obj, part)
             status = 206
         else:
             first, last, status = self._range(request, m)
+        if request.method == "GET" and source == "HIT" and last - first < SMALL_BODY:
+            body = await self.deliverer.read_cached(obj, first, last)
+            if body is not None:
+                # All of it was cached and is read: one response, written in one go.
+                small = web.Response(status=status, body=body)
+                self._headers(small, request, target, obj.meta, first, last, status, part, source)
+                self._maybe_read_ahead(origin, obj, first, last)
+                return small
         if request.method == "GET" and source == "HIT" and not self._all_cached(obj, first, last):
             source = "MISS"
-        response = web.StreamResponse(status=status)
-        self._headers(response, request, obj.meta, first, last, status, part, source)
+        response = BufferedHeadersResponse(status=status)
+        self._headers(response, request, target, obj.meta, first, last, status, part, source)
+        response.content_length = max(0, last - first + 1)
         if request.method == "HEAD":
             await response.prepare(request)
             if request.headers.get("range", "").replace(" ", "") == "bytes=0-0":
@@ -291,6 +304,7 @@ class ReadPath:
         self,
         response: web.StreamResponse,
         request: web.BaseRequest,
+        target: Target,
         m: ObjectMeta,
         first: int,
         last: int,
@@ -298,28 +312,20 @@ class ReadPath:
         part: int | None,
         source: str,
     ) -> None:
-        checksum_ok = (
-            status == 200 and request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
-        )
-        for name, value in m.headers:
-            if (
-                name.startswith("x-amz-checksum-")
-                and name != "x-amz-checksum-type"
-                and not checksum_ok
-            ):
-                continue
-            if name == "x-amz-mp-parts-count" and part is None:
-                continue
-            response.headers.add(name, value)
-        for param, header in RESPONSE_OVERRIDES.items():
-            for key, value in request.query.items():
-                if key == param:
-                    response.headers[header] = value
-        response.headers["Accept-Ranges"] = "bytes"
-        response.headers[CACHE_HEADER] = source
+        """Everything but Content-Length (which the caller's kind of response decides)."""
+        headers = response.headers
+        if status == 200 and request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
+            headers.extend(_without_parts_count(m.headers))  # a 200 is never a part
+        else:
+            headers.extend(_plain_headers(m.headers, part is not None))
+        for name, value in target.query:
+            override = RESPONSE_OVERRIDES.get(name)
+            if override is not None:
+                headers[override] = value
+        headers["Accept-Ranges"] = "bytes"
+        headers[CACHE_HEADER] = source
         if status == 206:
-            response.headers["Content-Range"] = content_range(first, last, m.size)
-        response.content_length = max(0, last - first + 1)
+            headers["Content-Range"] = content_range(first, last, m.size)
 
     def _prefetch(self, origin: OriginClient, obj: CachedObject) -> None:
         """``HEAD`` with ``Range: bytes=0-0``: fill the whole object in the background."""
@@ -351,8 +357,31 @@ class ReadPath:
             self.filler.start(origin, m.bucket, m.key, missing[0], ahead[-1], obj)
 
 
-def _part_number(request: web.BaseRequest) -> int | None:
-    value = request.query.get("partNumber")
+class BufferedHeadersResponse(web.StreamResponse):
+    """Headers wait for the first body bytes and go out in the same write: a small hit is
+    one send on the socket and one segment on the wire, not two."""
+
+    _send_headers_immediately = False
+
+
+@lru_cache(maxsize=4096)
+def _plain_headers(headers: Headers, with_parts_count: bool) -> Headers:
+    """An object's headers as sent without ``x-amz-checksum-mode: ENABLED`` (no checksums),
+    and without the parts count unless a part was asked for; computed once per object."""
+    return tuple(
+        (name, value)
+        for name, value in headers
+        if not (name.startswith("x-amz-checksum-") and name != "x-amz-checksum-type")
+        and (with_parts_count or name != "x-amz-mp-parts-count")
+    )
+
+
+def _without_parts_count(headers: Headers) -> Headers:
+    return tuple((name, value) for name, value in headers if name != "x-amz-mp-parts-count")
+
+
+def _part_number(target: Target) -> int | None:
+    value = next((v for k, v in target.query if k == "partNumber"), None)
     if value is None:
         return None
     if not value.isdigit() or not 1 <= int(value) <= 10000:
