@@ -16,7 +16,9 @@ Nothing here does I/O except loading the credentials file once.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import datetime
 
 from lota.auth import sigv2
 from lota.auth.body import BodyDecoder, make_decoder
@@ -59,6 +61,7 @@ class Authenticator:
         self._config = config
         self._clock = clock
         self._store: CredentialStore | None = None
+        self._recent = RecentlyVerified()
         if config.mode == "sigv4":
             self._store = CredentialStore.load(config.credentials)
             logger.info(
@@ -77,15 +80,24 @@ class Authenticator:
         if self._store is None:
             operation = classify(view.method, bucket, key, view.query, view.headers)
             return Authorized(principal=None, operation=operation, verified=None)
+        now = self._clock.now()
+        repeat = self._recent.key(view, bucket, key)
+        if repeat is not None:
+            known = self._recent.get(repeat, now.timestamp())
+            if known is not None:
+                return known
         # Who is asking comes first: nothing about the request is judged for a stranger.
-        verified, query = self._verify(self._store, view, bucket, key)
+        verified, query = self._verify(self._store, view, bucket, key, now)
         operation = classify(view.method, bucket, key, query, view.headers)
         principal = verified.principal
         self._require(principal, operation.action, operation.resource, operation.name)
         if operation.copy_source is not None:
             source = object_arn(*operation.copy_source)
             self._require(principal, operation.copy_source_action, source, operation.name)
-        return Authorized(principal=principal, operation=operation, verified=verified)
+        authorized = Authorized(principal=principal, operation=operation, verified=verified)
+        if repeat is not None:
+            self._recent.put(repeat, authorized)
+        return authorized
 
     def authorize(self, view: RequestView, action: str, resource: str) -> Principal | None:
         """Verify a request that is not an S3 operation (LOTA's admin calls) and require
@@ -110,14 +122,13 @@ class Authenticator:
         return make_decoder(view, authorized.verified)
 
     def _verify(
-        self, store: CredentialStore, view: RequestView, bucket: str, key: str
+        self, store: CredentialStore, view: RequestView, bucket: str, key: str, now: datetime
     ) -> tuple[Verified, tuple[tuple[str, str], ...]]:
         """Check the signature (SigV4, or SigV2 for boto3's default presigned URLs).
 
         Also returns the query that names the operation: a SigV2 presigned URL's own
         parameters (``AWSAccessKeyId``, ``Signature``, ``Expires``...) are not sub-resources.
         """
-        now = self._clock.now()
         if sigv2.is_sigv2(view):
             verified = sigv2.verify(view, bucket, key, store, now, self._config.max_skew)
             return verified, sigv2.operation_query(view)
@@ -128,3 +139,52 @@ class Authenticator:
         if not principal.policy.allows(action, resource):
             logger.info("denied %s: %s needs %s on %s", principal.name, operation, action, resource)
             raise S3Error("AccessDenied", "Access Denied")
+
+
+# What identifies a request for :class:`RecentlyVerified`: method, path, query, bucket, key
+# and every header, exactly as received.
+RequestKey = tuple[str, str, tuple[tuple[str, str], ...], str, str, tuple[tuple[str, str], ...]]
+
+
+class RecentlyVerified:
+    """GET and HEAD requests verified lately, remembered so that an identical one is not
+    verified again: a presigned URL read over and over (data loaders, HTTP range readers)
+    costs one signature check, not one per read.
+
+    Sound because a verdict depends on nothing but the request's bytes, the credentials
+    (fixed for the life of the process), the policies (no conditions) and the time: the key
+    is the whole request line and header section, and a remembered verdict is only used
+    while the clock is inside the window in which the signature would verify again.
+    Repeating a request is no new power: S3 accepts the same presigned URL, or the same
+    signed headers within the allowed skew, as many times as it is sent.
+    """
+
+    MAX_ENTRIES = 1024
+    MAX_KEY_CHARS = 4096  # larger requests are verified every time; keeps memory bounded
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[RequestKey, Authorized] = OrderedDict()
+
+    def key(self, view: RequestView, bucket: str, key: str) -> RequestKey | None:
+        if view.method not in ("GET", "HEAD"):
+            return None
+        headers = tuple(view.headers.items())
+        size = len(view.raw_path) + sum(len(n) + len(v) for n, v in (*view.query, *headers))
+        if size > self.MAX_KEY_CHARS:
+            return None
+        return (view.method, view.raw_path, view.query, bucket, key, headers)
+
+    def get(self, request: RequestKey, now: float) -> Authorized | None:
+        authorized = self._entries.get(request)
+        if authorized is None or authorized.verified is None:
+            return None
+        if not authorized.verified.valid_from <= now <= authorized.verified.valid_until:
+            del self._entries[request]
+            return None
+        self._entries.move_to_end(request)
+        return authorized
+
+    def put(self, request: RequestKey, authorized: Authorized) -> None:
+        self._entries[request] = authorized
+        if len(self._entries) > self.MAX_ENTRIES:
+            self._entries.popitem(last=False)

@@ -36,6 +36,7 @@ import base64
 import hashlib
 import hmac
 import itertools
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -138,6 +139,7 @@ def verify(
         )
     payload_hash = _payload_hash(view.headers)
     _check_signature(view, bucket, key, claim, principal.secret_access_key)
+    signed_at = claim.date.timestamp()
     return Verified(
         principal=principal,
         region="",
@@ -146,6 +148,8 @@ def verify(
         scope="",
         payload_hash=payload_hash,
         signing_key=b"",
+        valid_from=-math.inf if claim.expires is not None else signed_at - max_skew,
+        valid_until=claim.expires if claim.expires is not None else signed_at + max_skew,
     )
 
 

@@ -88,6 +88,10 @@ class Verified:
     scope: str  # "20130524/us-east-1/s3/aws4_request"
     payload_hash: str
     signing_key: bytes
+    # The same request verifies again while the clock reads within [valid_from, valid_until]
+    # (epoch seconds): a presigned URL until it expires, a signed header within the skew.
+    valid_from: float
+    valid_until: float
 
     @property
     def timestamp(self) -> str:
@@ -137,6 +141,7 @@ def verify(view: RequestView, store: CredentialStore, now: datetime, max_skew: f
         )
     key = signing_key(principal.secret_access_key, claim.scope_date, claim.region)
     _check_signature(view, claim, key)
+    signed_at = claim.date.timestamp()
     return Verified(
         principal=principal,
         region=claim.region,
@@ -145,6 +150,8 @@ def verify(view: RequestView, store: CredentialStore, now: datetime, max_skew: f
         scope=claim.scope,
         payload_hash=claim.payload_hash,
         signing_key=key,
+        valid_from=signed_at - max_skew,
+        valid_until=signed_at + (max_skew if claim.expires is None else claim.expires),
     )
 
 

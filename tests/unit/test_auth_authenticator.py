@@ -244,3 +244,83 @@ def test_auth_off_accepts_anyone_and_says_so(caplog: pytest.LogCaptureFixture) -
 def test_sigv4_mode_needs_a_readable_credentials_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         Authenticator(AuthConfig(mode="sigv4", credentials=str(tmp_path / "missing")), FakeClock())
+
+
+def presigned_view(url: str, headers: dict[str, str] | None = None) -> tuple[RequestView, str, str]:
+    parts = urlsplit(url)
+    target = parse_target(parts.netloc, f"{parts.path}?{parts.query}", "")
+    fields = CIMultiDictProxy(CIMultiDict({"Host": parts.netloc, **(headers or {})}))
+    return RequestView("GET", target.raw_path, target.query, fields), target.bucket, target.key
+
+
+def presign(principal: str, key: str, expires: int, version: str = "s3v4") -> str:
+    client = boto3.client(
+        "s3",
+        endpoint_url="http://lota.test:9000",
+        aws_access_key_id=f"AK{principal.upper()}",
+        aws_secret_access_key=f"{principal}-secret",
+        region_name="us-east-1",
+        config=Config(signature_version=version, s3={"addressing_style": "path"}),
+    )
+    return str(
+        client.generate_presigned_url(
+            "get_object", Params={"Bucket": "bkt", "Key": key}, ExpiresIn=expires
+        )
+    )
+
+
+@pytest.mark.parametrize("version", ["s3v4", "s3"])
+def test_a_repeated_presigned_get_is_verified_once_and_only_while_valid(
+    credentials: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    clock = FakeClock(datetime.now(UTC).timestamp())
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), clock)
+    checks: list[str] = []
+    real = auth._verify
+    monkeypatch.setattr(auth, "_verify", lambda *a: checks.append("verify") or real(*a))
+    view, bucket, key = presigned_view(presign("reader", "data/0", expires=60, version=version))
+    first = auth.authenticate(view, bucket, key)
+    for _ in range(3):
+        assert auth.authenticate(view, bucket, key) is first
+    assert checks == ["verify"]
+    # The same URL once it has expired: verified again, and refused as S3 would.
+    clock.advance(120)
+    with pytest.raises(S3Error) as info:
+        auth.authenticate(view, bucket, key)
+    assert info.value.code == "AccessDenied" and "expired" in info.value.message
+    assert checks == ["verify", "verify"]
+
+
+def test_a_remembered_verdict_never_covers_a_different_request(credentials: Path) -> None:
+    clock = FakeClock(datetime.now(UTC).timestamp())
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), clock)
+    url = presign("reader", "data/0", expires=60)
+    view, bucket, key = presigned_view(url)
+    auth.authenticate(view, bucket, key)
+    # Another key under the same signature, or another Host (signed): refused.
+    other = RequestView("GET", "/bkt/data/1", view.query, view.headers)
+    with pytest.raises(S3Error) as info:
+        auth.authenticate(other, bucket, "data/1")
+    assert info.value.code == "SignatureDoesNotMatch"
+    moved, bucket, key = presigned_view(url, {"Host": "elsewhere.test:9000"})
+    with pytest.raises(S3Error) as info:
+        auth.authenticate(moved, bucket, key)
+    assert info.value.code == "SignatureDoesNotMatch"
+    # An unsigned x-amz-* header added to the remembered request: refused.
+    extra, bucket, key = presigned_view(url, {"x-amz-meta-smuggled": "1"})
+    with pytest.raises(S3Error) as info:
+        auth.authenticate(extra, bucket, key)
+    assert info.value.code == "AccessDenied"
+
+
+def test_writes_are_verified_every_time(credentials: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    view, bucket, key, when, _ = signed(
+        "guarded", lambda s3: s3.put_object(Bucket="bkt", Key="k", Body=b"x")
+    )
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
+    checks: list[str] = []
+    real = auth._verify
+    monkeypatch.setattr(auth, "_verify", lambda *a: checks.append("verify") or real(*a))
+    for _ in range(2):
+        auth.authenticate(view, bucket, key)
+    assert checks == ["verify", "verify"]

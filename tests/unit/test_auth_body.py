@@ -544,6 +544,8 @@ def test_presigned_put_body_is_unsigned_and_unchecked_beyond_its_length() -> Non
         scope=verified.scope,
         payload_hash="UNSIGNED-PAYLOAD",
         signing_key=verified.signing_key,
+        valid_from=verified.valid_from,
+        valid_until=verified.valid_until,
     )
     assert decode(make_decoder(view(headers), presigned), [b"he", b"llo"]) == b"hello"
 
