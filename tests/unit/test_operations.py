@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import boto3
 import pytest
 from botocore.awsrequest import AWSPreparedRequest
 from botocore.config import Config
+from hypothesis import given
+from hypothesis import strategies as st
 
-from lota.s3.addressing import parse_target
+from lota.s3.addressing import parse_query, parse_target
 from lota.s3.errors import S3Error
 from lota.s3.operations import Operation, classify, parse_copy_source
 
@@ -361,3 +363,8 @@ def test_keys_keep_their_exact_spelling_in_the_resource() -> None:
     target = parse_target("h", raw, "")
     operation = classify("GET", target.bucket, target.key, target.query, {})
     assert operation.resource == "arn:aws:s3:::bkt/" + unquote("%2E%2E/a%2F%2Fb/%2A")
+
+
+@given(st.text(alphabet="ab=&+%2FzZé;", max_size=30))
+def test_query_parsing_matches_parse_qsl(raw: str) -> None:
+    assert parse_query(raw) == tuple(parse_qsl(raw, keep_blank_values=True))
