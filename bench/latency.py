@@ -9,10 +9,11 @@ each concurrency (1, 16, 64) it measures:
   never read, so LOTA fetches it from the origin (through the WAN);
 - ORIGIN DIRECT: GETs straight to the origin's WAN endpoint, no LOTA.
 
-The load generator is an aiohttp client (one ClientSession, uvloop) in a separate process,
-using presigned SigV4 URLs made once per object before timing, so LOTA verifies SigV4 on
-every request, hits included. Each cell starts with an untimed warm-up that opens the
-connections. Latency is from sending the request to having read the whole body.
+The load generator (:mod:`bench.loadgen`, a lean keep-alive HTTP/1.1 client on uvloop)
+runs in a separate process and sends presigned SigV4 URLs made once per object before
+timing, so LOTA verifies SigV4 on every request, hits included. Each cell starts with an
+untimed warm-up that opens the connections. Latency is from sending the request to having
+read the whole body.
 
 Caveat: this is one 2-core machine. The load generator, LOTA, the WAN emulator (in this
 script's own process) and moto share the cores; the numbers are a floor, not a ceiling.
@@ -28,7 +29,6 @@ import asyncio
 import multiprocessing
 import os
 import time
-from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ import boto3
 from botocore.config import Config
 
 from bench.common import Setup, lota_with_origin, percentiles, save, table
+from bench.loadgen import LoadClient, get_request
 from bench.payload import human, load_average, parse_size
 from lota.config import parse_duration
 from lota.devtools import PRINCIPALS
@@ -49,66 +50,26 @@ KINDS = ("HIT", "MISS", "ORIGIN DIRECT")
 
 
 def run_cell(warm: list[str], urls: list[str], concurrency: int, size: int) -> dict[str, Any]:
-    """GET `warm` untimed, then every URL in `urls`, `concurrency` at a time."""
+    """GET `warm` untimed (it opens the connections), then every URL in `urls`,
+    `concurrency` at a time."""
     import uvloop
 
     return uvloop.run(_cell(warm, urls, concurrency, size))
 
 
 async def _cell(warm: list[str], urls: list[str], concurrency: int, size: int) -> dict[str, Any]:
-    import aiohttp
-    from yarl import URL
-
-    samples: list[float] = []
-    sources: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    connector = aiohttp.TCPConnector(limit=concurrency + 16, limit_per_host=0)
-    timeout = aiohttp.ClientTimeout(total=120)
-
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False
-    ) as session:
-
-        async def fetch(url: str, record: bool) -> None:
-            started = time.perf_counter()
-            try:
-                async with session.get(URL(url, encoded=True)) as reply:
-                    count = 0
-                    async for piece in reply.content.iter_chunked(256 * 1024):
-                        count += len(piece)
-                    source = reply.headers.get("x-lota-cache", "-")
-                    status = reply.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                errors[type(exc).__name__] += 1
-                return
-            if not record:
-                return
-            if status != 200 or count != size:
-                errors[f"status {status}, {count} bytes"] += 1
-                return
-            samples.append(time.perf_counter() - started)
-            sources[source] += 1
-
-        async def run(todo: list[str], record: bool) -> None:
-            queue = iter(todo)
-
-            async def worker() -> None:
-                for url in queue:
-                    await fetch(url, record)
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-        await run(warm, record=False)
-        cpu = time.process_time()
-        started = time.perf_counter()
-        await run(urls, record=True)
-        wall = time.perf_counter() - started
+    client = LoadClient(concurrency)
+    try:
+        await client.run([get_request(u) for u in warm])
+        out = await client.run([get_request(u) for u in urls], expect_size=size)
+    finally:
+        client.close()
     return {
-        "samples": samples,
-        "wall_s": wall,
-        "client_cpu_s": time.process_time() - cpu,
-        "sources": dict(sources),
-        "errors": dict(errors),
+        "samples": out.samples,
+        "wall_s": out.wall_s,
+        "client_cpu_s": out.client_cpu_s,
+        "sources": dict(out.sources),
+        "errors": dict(out.errors),
     }
 
 
