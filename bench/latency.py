@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,31 +38,36 @@ import boto3
 from botocore.config import Config
 
 from bench.common import Setup, lota_with_origin, percentiles, save, table
-from bench.loadgen import LoadClient, get_request
+from bench.loadgen import LoadClient, Request, get_request
 from bench.payload import human, load_average, parse_size
+from lota.auth.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 from lota.config import parse_duration
 from lota.devtools import PRINCIPALS
 
 BUCKET = "latency-bench"
-KINDS = ("HIT", "MISS", "ORIGIN DIRECT")
+KINDS = ("HIT", "HIT signed", "MISS", "ORIGIN DIRECT")
 
 
 # -- the load generator (runs in a child process) ------------------------------------------
 
 
-def run_cell(warm: list[str], urls: list[str], concurrency: int, size: int) -> dict[str, Any]:
-    """GET `warm` untimed (it opens the connections), then every URL in `urls`,
+def run_cell(
+    warm: list[Request], timed: list[Request], concurrency: int, size: int
+) -> dict[str, Any]:
+    """Send `warm` untimed (it opens the connections), then every request in `timed`,
     `concurrency` at a time."""
     import uvloop
 
-    return uvloop.run(_cell(warm, urls, concurrency, size))
+    return uvloop.run(_cell(warm, timed, concurrency, size))
 
 
-async def _cell(warm: list[str], urls: list[str], concurrency: int, size: int) -> dict[str, Any]:
+async def _cell(
+    warm: list[Request], timed: list[Request], concurrency: int, size: int
+) -> dict[str, Any]:
     client = LoadClient(concurrency)
     try:
-        await client.run([get_request(u) for u in warm])
-        out = await client.run([get_request(u) for u in urls], expect_size=size)
+        await client.run(warm)
+        out = await client.run(timed, expect_size=size)
     finally:
         client.close()
     return {
@@ -101,7 +107,7 @@ def presign(client: Any, key: str) -> str:
 
 
 def requests_for(args: argparse.Namespace, kind: str, size: int) -> int:
-    count = {"HIT": args.hit, "MISS": args.miss, "ORIGIN DIRECT": args.direct}[kind]
+    count = {"HIT": args.hit, "MISS": args.miss, "ORIGIN DIRECT": args.direct}.get(kind, args.hit)
     return max(1, round(count * (args.large_scale if size > 1024 * 1024 else 1)))
 
 
@@ -124,6 +130,7 @@ def prepare(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
         }
         puts += [(k, body) for k in hot + [k for keys in cold.values() for k in keys]]
         plan[size] = {
+            "hot_keys": hot,
             "hot": [presign(lota, k) for k in hot],
             "direct": [presign(wan, k) for k in hot],
             "cold": {c: [presign(lota, k) for k in keys] for c, keys in cold.items()},
@@ -139,21 +146,53 @@ def prepare(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     return plan
 
 
-def cell_urls(
-    plan: dict[str, Any], args: argparse.Namespace, kind: str, size: int, concurrency: int
-) -> tuple[list[str], list[str]]:
-    """(warm-up URLs, timed URLs) of one cell."""
+def cell_requests(
+    setup: Setup,
+    plan: dict[str, Any],
+    args: argparse.Namespace,
+    kind: str,
+    size: int,
+    concurrency: int,
+) -> tuple[list[Request], list[Request]]:
+    """(warm-up requests, timed requests) of one cell."""
     count = requests_for(args, kind, size)
-    hot, direct = plan[size]["hot"], plan[size]["direct"]
+    hot = [get_request(u) for u in plan[size]["hot"]]
+    direct = [get_request(u) for u in plan[size]["direct"]]
     warm_count = max(2 * concurrency, 32)
     if kind == "HIT":
         return _cycle(hot, warm_count), _cycle(hot, count)
+    if kind == "HIT signed":
+        return _cycle(hot, warm_count), header_signed(setup.node.url, plan[size]["hot_keys"], count)
     if kind == "MISS":
-        return _cycle(hot, warm_count), plan[size]["cold"][concurrency][:count]
+        cold = [get_request(u) for u in plan[size]["cold"][concurrency][:count]]
+        return _cycle(hot, warm_count), cold
     return _cycle(direct, warm_count), _cycle(direct, count)
 
 
-def _cycle(items: list[str], count: int) -> list[str]:
+def header_signed(endpoint: str, keys: list[str], count: int) -> list[Request]:
+    """`count` GETs of `keys` in turn, each signed in an Authorization header as boto3 does,
+    and no two alike: request i is signed i // len(keys) seconds in the past (well inside
+    the 15-minute skew), so LOTA verifies every one of them from scratch."""
+    access_key, secret, _ = PRINCIPALS["admin"]
+    now = datetime.now(UTC)
+    requests = []
+    for i in range(count):
+        url = f"{endpoint}/{BUCKET}/{keys[i % len(keys)]}"
+        headers = sign_headers(
+            "GET",
+            url,
+            {},
+            access_key_id=access_key,
+            secret_access_key=secret,
+            region="us-east-1",
+            payload_hash=UNSIGNED_PAYLOAD,
+            now=now - timedelta(seconds=(i // len(keys)) % 600),
+        )
+        requests.append(get_request(url, headers))
+    return requests
+
+
+def _cycle(items: list[Request], count: int) -> list[Request]:
     return [items[i % len(items)] for i in range(count)]
 
 
@@ -168,9 +207,9 @@ async def measure(setup: Setup, args: argparse.Namespace) -> list[dict[str, Any]
         for size in args.sizes:
             for kind in KINDS:
                 for concurrency in args.concurrency:
-                    warm, urls = cell_urls(plan, args, kind, size, concurrency)
+                    warm, timed = cell_requests(setup, plan, args, kind, size, concurrency)
                     cpu = cpu_seconds(pid)
-                    out = await loop.run_in_executor(pool, run_cell, warm, urls, concurrency, size)
+                    out = await loop.run_in_executor(pool, run_cell, warm, timed, concurrency, size)
                     lota_cpu = cpu_seconds(pid) - cpu
                     cell = summarize(kind, size, concurrency, out, lota_cpu)
                     cells.append(cell)

@@ -40,14 +40,19 @@ class Request:
     data: bytes
 
 
-def get_request(url: str) -> Request:
-    """A GET of `url` (already signed: path and query are sent exactly as given)."""
+def get_request(url: str, headers: dict[str, str] | None = None) -> Request:
+    """A GET of `url` with `headers`; path and query are sent exactly as given (a presigned
+    URL stays valid), and so is a ``host`` among `headers` (a signed one stays signed)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname is None:
         raise ValueError(f"plain http URLs only: {url}")
     target = parts.path + (f"?{parts.query}" if parts.query else "")
-    data = f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nUser-Agent: lota-bench\r\n\r\n"
-    return Request(parts.hostname, parts.port or 80, data.encode())
+    fields = {"host": parts.netloc, "user-agent": "lota-bench"}
+    fields.update((name.lower(), value) for name, value in (headers or {}).items())
+    lines = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
+    return Request(
+        parts.hostname, parts.port or 80, f"GET {target} HTTP/1.1\r\n{lines}\r\n".encode()
+    )
 
 
 class _Connection:

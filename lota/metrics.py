@@ -7,12 +7,15 @@ Each :class:`Metrics` owns its own registry, so several nodes can live in one pr
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+_CHILDREN = 512
 _LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -190,6 +193,11 @@ class Metrics:
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
         )
+        # labels() takes a lock and builds a key on every call, several times per request:
+        # remember the children (label values here are few: operations, statuses, sources).
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and metric._labelnames:
+                metric.labels = lru_cache(maxsize=_CHILDREN)(metric.labels)  # type: ignore[method-assign]
 
     def watch_store(self, store: StoreStats) -> None:
         """Export the cache store's own counts (usage, budget, evictions, corrupt chunks)."""

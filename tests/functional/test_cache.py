@@ -148,6 +148,58 @@ def test_hits_answer_ranges_conditionals_and_headers_like_the_origin(
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416
 
 
+def test_small_and_streamed_hits_carry_the_same_headers(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str
+) -> None:
+    """Hits of up to 256 KiB are answered in one write, larger ones stream: same headers."""
+    node = node_factory()
+    s3 = client_for(node.url)
+    data = os.urandom(300 * 1024)
+    origin_s3.put_object(
+        Bucket=bucket,
+        Key="k",
+        Body=data,
+        ContentType="application/x-tar",
+        Metadata={"m": "1"},
+        ChecksumAlgorithm="SHA256",
+    )
+    _get(s3, bucket, "k")
+
+    def headers(**kw: Any) -> dict[str, str]:
+        body, source = _hit(s3, bucket, "k", **kw)
+        assert source == "HIT"
+        got = s3.get_object(Bucket=bucket, Key="k", **kw)
+        assert got["Body"].read() == body
+        varying = ("date", "x-amz-request-id", "content-length", "content-range")
+        return {k: v for k, v in got["ResponseMetadata"]["HTTPHeaders"].items() if k not in varying}
+
+    # boto3 asks for checksums (x-amz-checksum-mode) on every GET: S3 sends them with
+    # whole-object reads only.
+    streamed = headers()
+    assert streamed.pop("x-amz-checksum-sha256")
+    small = headers(Range="bytes=100-199")
+    assert streamed == small
+    assert streamed["content-type"] == "application/x-tar"
+    plain = client_for(node.url, response_checksum_validation="when_required")
+    got = plain.get_object(Bucket=bucket, Key="k")
+    assert got["Body"].read() == data
+    assert not any(
+        k.startswith("x-amz-checksum-sha") for k in got["ResponseMetadata"]["HTTPHeaders"]
+    )
+    small_object = os.urandom(1000)
+    origin_s3.put_object(Bucket=bucket, Key="s", Body=small_object, ChecksumAlgorithm="SHA256")
+    _get(s3, bucket, "s")
+    assert _hit(s3, bucket, "s") == (small_object, "HIT")
+    got = s3.get_object(Bucket=bucket, Key="s", ChecksumMode="ENABLED")
+    assert (
+        got["ChecksumSHA256"]
+        == origin_s3.head_object(Bucket=bucket, Key="s", ChecksumMode="ENABLED")["ChecksumSHA256"]
+    )
+    # Response header overrides of a (presigned) GET apply to small hits too.
+    over = s3.get_object(Bucket=bucket, Key="s", ResponseContentType="text/x-over")
+    assert over["ContentType"] == "text/x-over" and over["Body"].read() == small_object
+
+
 def test_part_number_reads_are_served_from_the_cache(
     node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
 ) -> None:
