@@ -19,6 +19,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 
 from lota.auth import sigv2
 from lota.auth.body import BodyDecoder, make_decoder
@@ -169,7 +170,7 @@ class RecentlyVerified:
         if view.method not in ("GET", "HEAD"):
             return None
         headers = tuple(view.headers.items())
-        size = len(view.raw_path) + sum(len(n) + len(v) for n, v in (*view.query, *headers))
+        size = len(view.raw_path) + sum(map(len, chain.from_iterable((*view.query, *headers))))
         if size > self.MAX_KEY_CHARS:
             return None
         return (view.method, view.raw_path, view.query, bucket, key, headers)

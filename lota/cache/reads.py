@@ -108,14 +108,13 @@ class ReadPath:
     # -- freshness --------------------------------------------------------------------
 
     def _needs_revalidation(self, obj: CachedObject) -> bool:
-        path = f"{obj.meta.bucket}/{obj.meta.key}"
-        if any(path.startswith(p) for p in self._config.immutable):
-            return False
-        limit = self._config.revalidate_after
-        for prefix, seconds in self._config.revalidate:
-            if path.startswith(prefix):
-                limit = seconds
-                break
+        c = self._config
+        limit = c.revalidate_after
+        if c.immutable or c.revalidate:
+            path = f"{obj.meta.bucket}/{obj.meta.key}"
+            if path.startswith(c.immutable):
+                return False
+            limit = next((s for prefix, s in c.revalidate if path.startswith(prefix)), limit)
         return self._clock.time() - obj.meta.validated_at > limit
 
     async def _revalidate(
@@ -381,7 +380,7 @@ def _without_parts_count(headers: Headers) -> Headers:
 
 
 def _part_number(target: Target) -> int | None:
-    value = next((v for k, v in target.query if k == "partNumber"), None)
+    value = next((v for k, v in target.query if k == "partNumber"), None) if target.query else None
     if value is None:
         return None
     if not value.isdigit() or not 1 <= int(value) <= 10000:

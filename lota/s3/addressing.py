@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import unquote
 
 from lota.s3.errors import S3Error
@@ -21,6 +22,7 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IPV4_RE = re.compile(r"\d+\.\d+\.\d+\.\d+")
 
 
+@lru_cache(maxsize=1024)
 def is_valid_bucket_name(name: str) -> bool:
     """S3's bucket naming rules for new buckets (3-63 chars, lowercase, no IP addresses)."""
     return (

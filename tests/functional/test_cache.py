@@ -71,6 +71,8 @@ def _toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + " }"
     return str(value)
 
 
@@ -295,6 +297,29 @@ def test_an_overwrite_at_the_origin_is_seen_once_revalidate_after_has_passed(
     time.sleep(1.5)
     assert _get(s3, bucket, "k")[0] == b"new!"
     assert _hit(s3, bucket, "k") == (b"new!", "HIT")
+
+
+def test_immutable_prefixes_are_never_revalidated_and_overrides_apply_per_prefix(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory(
+        revalidate_after="1s",
+        immutable=[f"{bucket}/ckpt/"],
+        revalidate={f"{bucket}/slow/": "1h", f"{bucket}/": "2s"},
+    )
+    s3 = client_for(node.url)
+    keys = ("ckpt/a", "slow/a", "fast/a")
+    for key in keys:
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=b"old")
+        assert _get(s3, bucket, key) == (b"old", "MISS")
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=b"new!")
+    time.sleep(2.5)
+    # Past 2s (the first matching override for fast/, not the global 1s): re-checked and
+    # changed. slow/ (1h) and the immutable ckpt/ keep their copies, with no origin request.
+    assert _get(s3, bucket, "fast/a")[0] == b"new!"
+    assert _get(s3, bucket, "slow/a") == (b"old", "HIT")
+    assert _get(s3, bucket, "ckpt/a") == (b"old", "HIT")
+    assert [len(recorder.requests("HEAD", f"/{bucket}/{key}")) for key in keys] == [0, 0, 1]
 
 
 def test_stale_copy_is_served_while_the_origin_is_down(
