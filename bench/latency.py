@@ -300,7 +300,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--hit", type=int, default=2000, help="requests per HIT cell")
     parser.add_argument("--miss", type=int, default=400, help="requests per MISS cell")
-    parser.add_argument("--direct", type=int, default=400, help="requests per direct cell")
+    parser.add_argument("--direct", type=int, default=1000, help="requests per direct cell")
     parser.add_argument(
         "--large-scale", type=float, default=0.25, help="request-count factor for 4 MiB cells"
     )

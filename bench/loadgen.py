@@ -19,6 +19,7 @@ import gc
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import cast
 from urllib.parse import urlsplit
 
 HEADER_LIMIT = 64 * 1024
@@ -55,56 +56,119 @@ def get_request(url: str, headers: dict[str, str] | None = None) -> Request:
     )
 
 
-class _Connection:
-    """One keep-alive connection; reopened when the server closes it."""
+class _Reply(asyncio.Protocol):
+    """One connection's responses, framed by Content-Length as the bytes arrive."""
 
     def __init__(self) -> None:
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.peer: tuple[str, int] | None = None
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[tuple[int, int, str]] | None = None
+        self._head = bytearray()
+        self._status = 0
+        self._length = -1  # body bytes expected; -1 while the header section is read
+        self._count = 0
+        self._source = "-"
+        self.close_after = False
 
-    async def get(self, request: Request) -> tuple[int, int, str]:
-        """Send `request`; (status, body bytes, x-lota-cache) once the body is read."""
-        if self.writer is None or self.peer != (request.host, request.port):
-            self.close()
-            self.reader, self.writer = await asyncio.open_connection(request.host, request.port)
-            self.peer = (request.host, request.port)
-        assert self.reader is not None
-        self.writer.write(request.data)
-        try:
-            head = await self.reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError:
-            raise ValueError("response header section too large") from None
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        length, source, close = -1, "-", False
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def expect(self) -> asyncio.Future[tuple[int, int, str]]:
+        self.waiter = asyncio.get_running_loop().create_future()
+        self._head.clear()
+        self._length, self._count = -1, 0
+        return self.waiter
+
+    def data_received(self, data: bytes) -> None:
+        if self.waiter is None or self.waiter.done():
+            self._fail(ValueError("bytes from the server with no request outstanding"))
+            return
+        if self._length < 0:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > HEADER_LIMIT:
+                    self._fail(ValueError("response header section too large"))
+                return
+            try:
+                self._parse(bytes(self._head[:end]).decode("latin-1"))
+            except ValueError as exc:
+                self._fail(exc)
+                return
+            self._count = len(self._head) - end - 4
+        else:
+            self._count += len(data)
+        if self._count > self._length:
+            self._fail(ValueError(f"{self._count - self._length} bytes past Content-Length"))
+        elif self._count == self._length:
+            self.waiter.set_result((self._status, self._count, self._source))
+
+    def _parse(self, head: str) -> None:
+        lines = head.split("\r\n")
+        version, status, _ = lines[0].split(" ", 2)
+        self._status = int(status)
+        self._source, self.close_after, length = "-", version == "HTTP/1.0", -1
         for line in lines[1:]:
             name, _, value = line.partition(":")
             name = name.strip().lower()
             if name == "content-length":
                 length = int(value)
             elif name == "x-lota-cache":
-                source = value.strip()
+                self._source = value.strip()
             elif name == "connection":
-                close = value.strip().lower() == "close"
+                self.close_after = value.strip().lower() != "keep-alive"
             elif name == "transfer-encoding":
                 raise ValueError(f"unsupported transfer-encoding {value.strip()}")
         if length < 0:
             raise ValueError("response without Content-Length")
-        count = 0
-        while count < length:
-            piece = await self.reader.read(min(length - count, 1024 * 1024))
-            if not piece:
-                raise ConnectionResetError(f"body cut after {count} of {length} bytes")
-            count += len(piece)
-        if close:
+        self._length = length
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self._length >= 0:
+            detail = f"body cut after {self._count} of {self._length} bytes"
+        else:
+            detail = "connection closed before the response headers"
+        self._fail(ConnectionResetError(detail))
+
+    def _fail(self, exc: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _Connection:
+    """One keep-alive connection; reopened when the server closes it."""
+
+    def __init__(self) -> None:
+        self.reply: _Reply | None = None
+        self.peer: tuple[str, int] | None = None
+
+    async def get(self, request: Request) -> tuple[int, int, str]:
+        """Send `request`; (status, body bytes, x-lota-cache) once the body is read."""
+        if (
+            self.reply is None
+            or self.reply.transport is None
+            or self.peer != (request.host, request.port)
+        ):
             self.close()
-        return status, count, source
+            loop = asyncio.get_running_loop()
+            _, self.reply = await loop.create_connection(_Reply, request.host, request.port)
+            self.peer = (request.host, request.port)
+        reply = self.reply
+        if reply.transport is None:
+            raise ConnectionResetError("the server closed the connection at once")
+        done = reply.expect()
+        reply.transport.write(request.data)
+        result = await done
+        if reply.close_after:
+            self.close()
+        return result
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
+        if self.reply is not None and self.reply.transport is not None:
+            self.reply.transport.close()
+        self.reply = None
 
 
 class LoadClient:
@@ -123,7 +187,7 @@ class LoadClient:
                 started = time.perf_counter()
                 try:
                     status, count, source = await conn.get(request)
-                except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+                except (OSError, ValueError) as exc:
                     conn.close()
                     result.errors[type(exc).__name__] += 1
                     continue
