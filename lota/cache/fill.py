@@ -115,19 +115,25 @@ class ChunkFill:
         self.written = 0
         self.finished = False
         self.failed = False
+        # The bytes of the last write and where they start: readers keeping up with the
+        # fill take them from here instead of reading back what was just written.
+        self.recent: tuple[int, bytes] | None = None
         self._progress = asyncio.Event()
 
     def _pulse(self) -> None:
         self._progress.set()
         self._progress = asyncio.Event()
 
-    def advance(self, written: int) -> None:
-        self.written = written
+    def advance(self, data: bytes) -> None:
+        """`data`, the bytes at ``written``, are now in the chunk's file."""
+        self.recent = (self.written, data)
+        self.written += len(data)
         self._pulse()
 
     def finish(self, ok: bool) -> None:
         self.finished = True
         self.failed = not ok
+        self.recent = None
         self._pulse()
 
     async def wait(self) -> None:
@@ -309,19 +315,22 @@ class Filler:
     ) -> None:
         # Bytes are gathered into writes of up to WRITE_SIZE: each write is a hand-off to
         # the store's I/O thread, and readers following the fill wake once per write.
-        buffer = bytearray()
+        pieces: list[bytes] = []
+        gathered = 0
         while fill.written < fill.length:
-            want = min(READ_SIZE, fill.length - fill.written - len(buffer))
+            want = min(READ_SIZE, fill.length - fill.written - gathered)
             piece = await response.content.read(want) if want > 0 else b""
             if want > 0 and not piece:
                 raise OriginError("origin body ended early")
             self._metrics.origin_bytes_in.labels(region).inc(len(piece))
-            buffer += piece
-            done = fill.written + len(buffer) == fill.length
-            if len(buffer) >= WRITE_SIZE or done:
-                await writer.write(bytes(buffer))
-                fill.advance(fill.written + len(buffer))
-                buffer.clear()
+            pieces.append(piece)
+            gathered += len(piece)
+            if gathered >= WRITE_SIZE or fill.written + gathered == fill.length:
+                data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                await writer.write(data)
+                fill.advance(data)
+                pieces.clear()
+                gathered = 0
 
     def _done(self, obj: CachedObject, fill: ChunkFill, *, ok: bool) -> None:
         m = obj.meta
