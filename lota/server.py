@@ -112,6 +112,8 @@ class Node:
         self.access: AccessRecorder | None = None
         self.engine: Engine | None = None
         self.access_log = AccessLog()
+        self.inflight = 0  # requests being answered; the gauge reads it when scraped
+        self.metrics.inflight.set_function(lambda: self.inflight)
 
     async def __aenter__(self) -> Node:
         self._session = aiohttp.ClientSession(
@@ -227,11 +229,11 @@ class Node:
         ctx = RequestContext()
         if request.raw_path.startswith(ADMIN_PREFIX):
             ctx.operation = "Admin"
-        self.metrics.inflight.inc()
+        self.inflight += 1
         try:
             response = await self._answer(request, ctx)
         finally:
-            self.metrics.inflight.dec()
+            self.inflight -= 1
         if self.access is not None and response.status < 300:
             self._record_access(ctx)
         elapsed = time.perf_counter() - ctx.started

@@ -337,6 +337,8 @@ class ReadPath:
     ) -> None:
         """A reader whose ranges follow on from the last one gets the next chunks fetched ahead."""
         m = obj.meta
+        if first == 0 and last == m.size - 1:
+            return  # the whole object: nothing is ahead
         ident = (m.bucket, m.key, m.etag)
         previous = self._last_chunk.pop(ident, None)
         first_chunk, last_chunk = first // self._cs, last // self._cs

@@ -113,7 +113,9 @@ def test_second_read_is_a_hit_and_the_origin_sees_no_second_get(
     head = s3.head_object(Bucket=bucket, Key=f"obj-{3 * CHUNK + 5}")
     assert head["ContentLength"] == 3 * CHUNK + 5
     assert head["ResponseMetadata"]["HTTPHeaders"]["x-lota-cache"] == "HIT"
-    assert 'lota_cache_requests_total{source="HIT"}' in node.metrics()
+    metrics = node.metrics()
+    assert 'lota_cache_requests_total{source="HIT"}' in metrics
+    assert "lota_inflight_requests 1.0" in metrics  # the scrape itself
 
 
 def test_hits_answer_ranges_conditionals_and_headers_like_the_origin(
