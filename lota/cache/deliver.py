@@ -128,14 +128,7 @@ class Deliverer:
         fd: int | None = None
         try:
             while lo < hi:
-                recent = fill.recent
-                if recent is not None and recent[0] <= lo < recent[0] + len(recent[1]):
-                    start, end = lo - recent[0], min(len(recent[1]), hi - recent[0])
-                    piece = memoryview(recent[1])[start:end]
-                    await response.write(piece)
-                    self._metrics.cache_bytes.labels("fill").inc(len(piece))
-                    lo += len(piece)
-                elif fill.written > lo and fill.path is not None:
+                if fill.written > lo and fill.path is not None:
                     if fd is None:
                         try:
                             fd = os.open(fill.path, os.O_RDONLY)

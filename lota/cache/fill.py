@@ -115,25 +115,20 @@ class ChunkFill:
         self.written = 0
         self.finished = False
         self.failed = False
-        # The bytes of the last write and where they start: readers keeping up with the
-        # fill take them from here instead of reading back what was just written.
-        self.recent: tuple[int, bytes] | None = None
         self._progress = asyncio.Event()
 
     def _pulse(self) -> None:
         self._progress.set()
         self._progress = asyncio.Event()
 
-    def advance(self, data: bytes) -> None:
-        """`data`, the bytes at ``written``, are now in the chunk's file."""
-        self.recent = (self.written, data)
-        self.written += len(data)
+    def advance(self, count: int) -> None:
+        """`count` more bytes are in the chunk's file."""
+        self.written += count
         self._pulse()
 
     def finish(self, ok: bool) -> None:
         self.finished = True
         self.failed = not ok
-        self.recent = None
         self._pulse()
 
     async def wait(self) -> None:
@@ -328,7 +323,7 @@ class Filler:
             if gathered >= WRITE_SIZE or fill.written + gathered == fill.length:
                 data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
                 await writer.write(data)
-                fill.advance(data)
+                fill.advance(len(data))
                 pieces.clear()
                 gathered = 0
 
