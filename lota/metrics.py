@@ -226,6 +226,8 @@ class _StoreCollector(Collector):
     _COUNTERS = {
         "evictions": "Chunks evicted to stay under the budget",
         "corrupt": "Chunks that failed digest verification and were dropped",
+        "write_errors": "Cache writes that failed (the drive is then rested for a while)",
+        "read_errors": "Cache chunk reads that failed with an I/O error (chunk dropped)",
     }
 
     def __init__(self, store: StoreStats) -> None:

@@ -113,6 +113,8 @@ class ChunkFill:
         self.length = length
         self.path: str | None = None
         self.written = 0
+        # Bytes of this chunk read from the origin: written, or gathered for the next write.
+        self.taken = 0
         self.finished = False
         self.failed = False
         self._progress = asyncio.Event()
@@ -297,7 +299,9 @@ class Filler:
             log.warning("cache write failed, serving from origin: %r", exc)
             await writer.abort()
             self._done(obj, fill, ok=False)
-            await _skip(response, fill.length - fill.written)
+            # Past what this chunk took from the response (not what reached its file), or
+            # every chunk after it in this GET would be filled with shifted bytes.
+            await _skip(response, fill.length - fill.taken)
             return
         except BaseException:
             await writer.abort()
@@ -318,6 +322,7 @@ class Filler:
             if want > 0 and not piece:
                 raise OriginError("origin body ended early")
             self._metrics.origin_bytes_in.labels(region).inc(len(piece))
+            fill.taken += len(piece)
             pieces.append(piece)
             gathered += len(piece)
             if gathered >= WRITE_SIZE or fill.written + gathered == fill.length:

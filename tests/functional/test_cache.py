@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import http.client
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -42,13 +43,16 @@ def node_factory(
     nodes: list[LotaProcess] = []
 
     def start(
-        cache_dir: Path | None = None, size: str = "2GiB", port: int | None = None, **cache: Any
+        cache_dir: Path | list[Path] | None = None,
+        size: str = "2GiB",
+        port: int | None = None,
+        **cache: Any,
     ) -> LotaProcess:
-        cache_dir = cache_dir or tmp_path / "cache"
+        dirs = cache_dir if isinstance(cache_dir, list) else [cache_dir or tmp_path / "cache"]
         settings = "\n".join(f"{k} = {_toml(v)}" for k, v in cache.items())
         config = tmp_path / f"lota-{len(nodes)}.toml"
         config.write_text(
-            f'[cache]\ndirs = ["{cache_dir}"]\nsize = "{size}"\n{settings}\n'
+            f'[cache]\ndirs = {_toml([str(d) for d in dirs])}\nsize = "{size}"\n{settings}\n'
             f'[auth]\nmode = "sigv4"\ncredentials = "{credentials_file}"\n'
             f'[regions.us-east]\nendpoint = "{recorder.url}"\n'
         )
@@ -413,6 +417,32 @@ def test_with_the_cache_disk_full_every_response_is_still_correct(
         node.kill()
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_drive_failing_mid_chunk_never_shifts_the_chunks_after_it(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    """One small drive fills up in the middle of a fill; the chunks that follow in the same
+    origin GET land on the healthy drive, and must hold their own bytes."""
+    small, healthy = tmp_path / "small-disk", tmp_path / "healthy"
+    small.mkdir()
+    healthy.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(small)], check=True)
+    try:
+        node = node_factory(cache_dir=[small, healthy], size="1GiB", chunk_size="1MiB")
+        s3 = client_for(node.url)
+        data = _put(origin_s3, bucket, "big", 24 * MiB + 5)
+        assert _get(s3, bucket, "big")[0] == data
+        for _ in range(2):
+            assert _get(s3, bucket, "big")[0] == data
+            for first in range(0, 24 * MiB, 3 * MiB + 7):
+                got = _get(s3, bucket, "big", Range=f"bytes={first}-{first + 99}")[0]
+                assert got == data[first : first + 100], first
+        errors = re.search(r"^lota_cache_write_errors_total (\S+)$", node.metrics(), re.M)
+        assert errors is not None and float(errors.group(1)) >= 1  # the small drive did fill
+        node.kill()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_head_with_range_0_0_prefetches_the_whole_object(
