@@ -30,6 +30,10 @@ SENDFILE_MIN = 1024 * 1024
 MAX_ATTEMPTS = 3
 
 
+class ChunkUnreadable(OSError):
+    """A cached chunk turned out shorter than its index entry while being sent."""
+
+
 class Deliverer:
     """Streams object ranges to clients from store, fills and origin."""
 
@@ -79,10 +83,13 @@ class Deliverer:
             count = min(last + 1, (index + 1) * cs) - index * cs - lo
             try:
                 data = os.pread(reader.fd, count, lo)
+            except OSError:
+                data = b""
             finally:
                 reader.close()
             if len(data) != count:
-                raise OSError("chunk file shorter than its index entry")
+                self.store.drop_unreadable(obj, index)
+                return None
             pieces.append(data)
         self._metrics.cache_bytes.labels("hit").inc(last - first + 1)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
@@ -104,6 +111,9 @@ class Deliverer:
                 if reader is not None:
                     try:
                         await self._send_file(request, response, reader.fd, lo, hi - lo)
+                    except ChunkUnreadable:
+                        self.store.drop_unreadable(obj, index)
+                        raise
                     finally:
                         reader.close()
                     self._metrics.cache_bytes.labels("hit").inc(hi - lo)
@@ -198,7 +208,7 @@ class Deliverer:
                 else:
                     data = await loop.run_in_executor(None, os.pread, fd, size, offset)
                 if not data:
-                    raise OSError("chunk file shorter than its index entry")
+                    raise ChunkUnreadable("chunk file shorter than its index entry")
                 await response.write(data)
                 offset += len(data)
                 count -= len(data)
@@ -230,7 +240,7 @@ def _sendfile(out: int, fd: int, offset: int, count: int) -> None:
             if not poller.poll(30_000):
                 raise TimeoutError("client stopped reading") from None
             continue
-        if sent == 0:
-            raise ConnectionResetError("client went away")
+        if sent == 0:  # end of the file: a gone client is an error (EPIPE), not 0
+            raise ChunkUnreadable("chunk file shorter than its index entry")
         offset += sent
         count -= sent

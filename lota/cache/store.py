@@ -583,6 +583,14 @@ class CacheStore:
     def has_chunk(self, obj: CachedObject, index: int) -> bool:
         return obj.alive and index in obj.chunks
 
+    def drop_unreadable(self, obj: CachedObject, index: int) -> None:
+        """A reader found chunk `index` short or unreadable: drop it, so that the next read
+        fetches it again instead of failing the same way."""
+        chunk = obj.chunks.get(index)
+        if chunk is not None:
+            log.warning("cache chunk %s unreadable, dropping it", self._path(chunk))
+            self._drop(chunk, "read_errors")
+
     def _register(self, obj: CachedObject) -> None:
         self._objects.setdefault(obj.meta.bucket, {})[obj.meta.key] = obj
         self._stems[obj.stem] = obj
