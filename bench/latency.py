@@ -7,18 +7,21 @@ each concurrency (1, 16, 64) it measures:
 - HIT: GETs of objects pre-warmed through LOTA;
 - MISS: every GET is for a distinct object that was created at the origin directly and
   never read, so LOTA fetches it from the origin (through the WAN);
+- HIT signed: the same objects, each request signed afresh (see below);
 - ORIGIN DIRECT: GETs straight to the origin's WAN endpoint, no LOTA.
 
 The load generator (:mod:`bench.loadgen`, a lean keep-alive HTTP/1.1 client on uvloop)
-runs in a separate process and sends presigned SigV4 URLs made once per object before
-timing, so LOTA verifies SigV4 on every request, hits included. Each cell starts with an
-untimed warm-up that opens the connections. Latency is from sending the request to having
-read the whole body.
+runs in a separate process. HIT, MISS and ORIGIN DIRECT send presigned SigV4 URLs made
+once per object before timing; LOTA authenticates every request, and for a URL it has
+verified before it reuses the verdict while the signature is valid. HIT signed sends
+requests each signed afresh in an Authorization header (no two alike), so every one is
+verified from scratch. Each cell starts with an untimed warm-up that opens the
+connections. Latency is from sending the request to having read the whole body.
 
 Caveat: this is one 2-core machine. The load generator, LOTA, the WAN emulator (in this
 script's own process) and moto share the cores; the numbers are a floor, not a ceiling.
 
-    python -m bench.latency                           # ~3 minutes
+    python -m bench.latency                           # ~2.5 minutes
     python -m bench.latency --hit 200 --miss 30 --direct 30 --concurrency 1,16   # quick
 """
 

@@ -127,6 +127,10 @@ class CacheConfig:
     low_watermark: float = 0.90
 
     def __post_init__(self) -> None:
+        # Prefix lists are matched with str.startswith(tuple): keep them tuples whatever
+        # the caller passed.
+        for name in ("dirs", "immutable", "pinned", "revalidate"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.verify not in ("always", "after-restart", "never"):
             raise ConfigError('cache.verify must be "always", "after-restart" or "never"')
         if self.chunk_size < 64 * 1024 or self.chunk_size & (self.chunk_size - 1):

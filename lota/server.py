@@ -211,18 +211,20 @@ class Node:
         tb: TracebackType | None,
     ) -> None:
         self.ready = False
-        if self.access is not None:
-            await self.access.close()  # flush the last accesses while the catalog is open
-        await self.tasks.close()
-        if self._reads is not None:
-            self._reads.close()
-        if self.store is not None:
-            await self.store.close()
-        if self.catalog is not None:
-            await self.catalog.close()
-        if self._session is not None:
-            await self._session.close()
-        self.access_log.flush()
+        try:
+            if self.access is not None:
+                await self.access.close()  # flush the last accesses while the catalog is open
+            await self.tasks.close()
+            if self._reads is not None:
+                self._reads.close()
+            if self.store is not None:
+                await self.store.close()
+            if self.catalog is not None:
+                await self.catalog.close()
+            if self._session is not None:
+                await self._session.close()
+        finally:
+            self.access_log.flush()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request; never raises except to abort a response already started."""

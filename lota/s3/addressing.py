@@ -22,9 +22,13 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IPV4_RE = re.compile(r"\d+\.\d+\.\d+\.\d+")
 
 
-@lru_cache(maxsize=1024)
 def is_valid_bucket_name(name: str) -> bool:
     """S3's bucket naming rules for new buckets (3-63 chars, lowercase, no IP addresses)."""
+    return len(name) <= 63 and _valid_bucket_name(name)
+
+
+@lru_cache(maxsize=1024)  # every request asks, about a few names
+def _valid_bucket_name(name: str) -> bool:
     return (
         _BUCKET_RE.fullmatch(name) is not None
         and ".." not in name
