@@ -78,7 +78,11 @@ class RegionalRouter:
                 return await self._upload_call(request, target, name, decoder, upload_id)
             return None
         if name == "DeleteObjects" and delete_body is not None:
-            if self._config.accelerated(target.bucket):
+            # Like DeleteObject: in the catalog if the bucket is far or any key has a version
+            # still on its way home (a delete sent home past it would be undone by it).
+            if self._config.accelerated(target.bucket) or await self._any_pending(
+                target.bucket, deleted_keys(delete_body)
+            ):
                 return await self._delete_objects(target, delete_body)
             return None
         if name in _WRITES and await self._accelerates(target):
@@ -86,6 +90,13 @@ class RegionalRouter:
                 return None  # local-disk staging takes single PUTs; uploads go straight home
             return await self._write(request, target, operation, decoder)
         return None
+
+    async def _any_pending(self, bucket: str, keys: list[str]) -> bool:
+        for key in keys:
+            latest = await self.catalog.get_object(bucket, key)
+            if latest is not None and latest.pending:
+                return True
+        return False
 
     async def _accelerates(self, target: Target) -> bool:
         if self._config.accelerated(target.bucket):

@@ -183,6 +183,23 @@ def test_overwrites_and_deletes_order_by_commit(regions: TwoRegions) -> None:
         time.sleep(0.2)
 
 
+def test_a_delete_objects_on_a_home_region_node_wins_over_a_pending_write(
+    regions: TwoRegions,
+) -> None:
+    s3a, s3b = client_for(regions.a.url), client_for(regions.b.url)
+    s3a.put_object(Bucket=FAR, Key="k", Body=os.urandom(1 << 20))
+    s3a.put_object(Bucket=FAR, Key="other", Body=b"stays")
+    deleted = s3b.delete_objects(Bucket=FAR, Delete={"Objects": [{"Key": "k"}]})
+    assert [d["Key"] for d in deleted["Deleted"]] == ["k"]
+    for s3 in (s3a, s3b):
+        with pytest.raises(s3.exceptions.ClientError) as err:
+            s3.head_object(Bucket=FAR, Key="k")
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    assert regions.wait_migrated("other") == b"stays"
+    time.sleep(1)  # the migrator has had its turn at k too
+    assert "Contents" not in regions.origin_b.list_objects_v2(Bucket=FAR, Prefix="k")
+
+
 def test_writes_are_accepted_while_the_home_region_is_down_and_catch_up(
     regions: TwoRegions,
 ) -> None:
