@@ -9,8 +9,10 @@ the right bytes or, once headers are out, a cut connection; never wrong or missi
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import select
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
@@ -106,6 +108,8 @@ class Deliverer:
         last_chunk: int,
     ) -> None:
         for _ in range(MAX_ATTEMPTS):
+            if not obj.alive:
+                break  # replaced or dropped meanwhile: this version's bytes come from the origin
             if self.store.has_chunk(obj, index):
                 reader = await self.store.open_chunk(obj, index)
                 if reader is not None:
@@ -128,6 +132,8 @@ class Deliverer:
                 lo = await self._follow(response, fill, lo, hi)
                 if lo >= hi:
                     return
+                if fill.failed:
+                    break  # the cache cannot take it (or the origin failed it): go direct
         await self._from_origin(
             response, origin, obj, index * self.chunk_size + lo, index * self.chunk_size + hi - 1
         )
@@ -203,10 +209,13 @@ class Deliverer:
         ):
             while count > 0:
                 size = min(count, PIECE)
-                if size <= INLINE_READ:
-                    data = os.pread(fd, size, offset)
-                else:
-                    data = await loop.run_in_executor(None, os.pread, fd, size, offset)
+                try:
+                    if size <= INLINE_READ:
+                        data = os.pread(fd, size, offset)
+                    else:
+                        data = await loop.run_in_executor(None, os.pread, fd, size, offset)
+                except OSError as exc:
+                    raise ChunkUnreadable(f"cannot read chunk file: {exc}") from exc
                 if not data:
                     raise ChunkUnreadable("chunk file shorter than its index entry")
                 await response.write(data)
@@ -222,9 +231,15 @@ class Deliverer:
         # A duplicate descriptor: if the client goes away and the loop closes the socket,
         # its number cannot be reused under our feet while the thread is still sending.
         out = os.dup(sock.fileno())
+        sending = loop.run_in_executor(self._sendfile_pool, _sendfile, out, fd, offset, count)
         try:
-            await loop.run_in_executor(self._sendfile_pool, _sendfile, out, fd, offset, count)
+            await asyncio.shield(sending)
         finally:
+            if not sending.done():
+                # Cancelled (drain timeout): stop the thread before the descriptors it
+                # uses are closed and their numbers reused.
+                _shutdown(out)
+                await asyncio.wait({sending})
             os.close(out)
         writer.output_size += count
 
@@ -236,7 +251,11 @@ def _sendfile(out: int, fd: int, offset: int, count: int) -> None:
     while count > 0:
         try:
             sent = os.sendfile(out, fd, offset, count)
-        except BlockingIOError:
+        except OSError as exc:
+            if exc.errno == errno.EIO:  # the drive, not the client (EPIPE, ECONNRESET)
+                raise ChunkUnreadable(f"cannot read chunk file: {exc}") from exc
+            if not isinstance(exc, BlockingIOError):
+                raise
             if not poller.poll(30_000):
                 raise TimeoutError("client stopped reading") from None
             continue
@@ -244,3 +263,14 @@ def _sendfile(out: int, fd: int, offset: int, count: int) -> None:
             raise ChunkUnreadable("chunk file shorter than its index entry")
         offset += sent
         count -= sent
+
+
+def _shutdown(fd: int) -> None:
+    """Shut a socket down in both directions, by descriptor (which stays open)."""
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()

@@ -105,6 +105,10 @@ def _total_size(headers: Mapping[str, str]) -> int:
     return int(headers.get("content-length", "0"))
 
 
+class CacheFull(LotaError):
+    """A fill stopped because the store could not take its next chunk."""
+
+
 class ChunkFill:
     """One chunk on its way into the store; readers follow ``written`` as it grows."""
 
@@ -234,6 +238,9 @@ class Filler:
         except (LotaError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.warning("fill of %s/%s failed: %r", job.bucket, job.key, exc)
             self._fail(job, exc)
+        except Exception as exc:  # a bug or an unreadable reply: waiters must not hang
+            log.exception("fill of %s/%s failed", job.bucket, job.key)
+            self._fail(job, exc)
         finally:
             job.done.set()
             if self._cold.get((job.bucket, job.key)) is job:
@@ -253,7 +260,10 @@ class Filler:
             if response.status not in (200, 206):
                 body = await response.content.read(ERROR_BODY_LIMIT)
                 reply = OriginReply(response.status, list(response.headers.items()), body)
-                if job.known is not None and response.status == 412:
+                # 412: the version being filled is gone at the origin; drop its entry
+                # unless a newer one has replaced it already.
+                known = job.known
+                if response.status == 412 and known is not None and known.alive:
                     await self.store.invalidate(job.bucket, job.key)
                 self._finish_result(job, reply)
                 self._fail(job, OriginError(f"origin answered {response.status}"))
@@ -284,11 +294,13 @@ class Filler:
         writer = await self.store.begin_chunk(obj, fill.index)
         if writer is None:
             # Either another fill committed this chunk a moment ago (its readers will find
-            # it in the store), or the cache cannot take it (they fetch it themselves).
+            # it in the store), or the cache cannot take it: then reading on would only
+            # throw bytes away, so the job stops (its readers fetch their bytes themselves).
             cached = self.store.has_chunk(obj, fill.index)
+            self._done(obj, fill, ok=cached)
             if not cached:
                 self._metrics.cache_bypassed_fills.inc()
-            self._done(obj, fill, ok=cached)
+                raise CacheFull(f"the cache cannot take chunk {fill.index} of {obj!r}")
             await _skip(response, fill.length)
             return
         fill.path = writer.path

@@ -160,7 +160,10 @@ class ReadPath:
         pending = self.filler.cold_job(target.bucket, target.key)
         if pending is not None:
             self._metrics.cache_coalesced.inc()
-            return await asyncio.shield(pending.result)
+            shared = await asyncio.shield(pending.result)
+            # Any answer about the object is everyone's; a 416 was about another's range.
+            if not (isinstance(shared, OriginReply) and shared.status == 416):
+                return shared
         span = self._cold_span(request, target)
         if span is None:
             return await self._head(origin, target)

@@ -422,7 +422,7 @@ def test_writing_past_the_budget_evicts_and_stays_under_it(
 
 
 def test_with_the_cache_disk_full_every_response_is_still_correct(
-    node_factory: NodeFactory, origin_s3: Any, bucket: str, tmp_path: Path
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str, tmp_path: Path
 ) -> None:
     mount = tmp_path / "small-disk"
     mount.mkdir()
@@ -435,6 +435,9 @@ def test_with_the_cache_disk_full_every_response_is_still_correct(
             for key, data in blobs.items():
                 assert _get(s3, bucket, key)[0] == data
         assert _get(s3, bucket, "k3", Range="bytes=5-20")[0] == blobs["k3"][5:21]
+        # What cannot be cached is fetched about once per read, not once per chunk.
+        fetched = sum(recorder.bytes_sent(f"/{bucket}/{key}") for key in blobs)
+        assert fetched <= 2 * 2 * sum(map(len, blobs.values())), fetched
         node.kill()
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
