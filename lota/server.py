@@ -39,7 +39,7 @@ from lota.cache.fill import Filler
 from lota.cache.reads import ReadPath, cacheable
 from lota.cache.store import CacheStore
 from lota.cache.warm import warm
-from lota.catalog import Catalog, EventKind, PendingSummary, open_catalog
+from lota.catalog import Catalog, CatalogUnavailable, EventKind, PendingSummary, open_catalog
 from lota.clock import Clock
 from lota.config import Config, ConfigError
 from lota.lifecycle.access import AccessRecorder
@@ -276,16 +276,7 @@ class Node:
                 log.warning("request %s failed mid-response: %r", ctx.request_id, exc)
                 abort(request)
                 raise ConnectionResetError("response aborted") from exc
-            return self._error(request, self._as_s3_error(exc, ctx), ctx)
-
-    def _as_s3_error(self, exc: Exception, ctx: RequestContext) -> S3Error:
-        if isinstance(exc, S3Error):
-            return exc
-        if isinstance(exc, OriginError):
-            log.warning("request %s: %s", ctx.request_id, exc)
-            return S3Error("ServiceUnavailable", "The origin could not be reached; retry later.")
-        log.error("request %s failed", ctx.request_id, exc_info=exc)
-        return S3Error("InternalError", "We encountered an internal error. Please try again.")
+            return self._error(request, as_s3_error(exc, ctx.request_id), ctx)
 
     async def _s3(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
         target = parse_target(request.host, request.raw_path, self.config.domain)
@@ -381,11 +372,15 @@ class Node:
         self.tasks.start(restore(), f"restore {bucket}/{key}")
 
     async def _follow_events(self) -> None:
-        """Drop cached copies that writes on other nodes made stale."""
+        """Drop cached copies that writes on other nodes made stale, and every copy of a
+        key whose new version just reached its home (an older one may have been cached
+        by a read that crossed the write)."""
         assert self.catalog is not None and self.store is not None
         async with await self.catalog.events() as stream:
             async for event in stream:
-                if event.node != self.config.node and event.kind in _INVALIDATING_EVENTS:
+                if event.kind == EventKind.MIGRATED or (
+                    event.node != self.config.node and event.kind in _INVALIDATING_EVENTS
+                ):
                     await self.store.invalidate(event.bucket, event.key)
 
     async def _admin(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -488,6 +483,21 @@ _request_numbers = itertools.count(1)
 def next_request_id() -> str:
     """Unique per process run and cheap: a random prefix and a counter."""
     return f"{_REQUEST_PREFIX}{next(_request_numbers):010X}"
+
+
+def as_s3_error(exc: Exception, request_id: str) -> S3Error:
+    """The S3 error a failure is answered with: unreachable dependencies are 503s (retry
+    later), anything unexpected a logged 500."""
+    if isinstance(exc, S3Error):
+        return exc
+    if isinstance(exc, OriginError):
+        log.warning("request %s: %s", request_id, exc)
+        return S3Error("ServiceUnavailable", "The origin could not be reached; retry later.")
+    if isinstance(exc, CatalogUnavailable):
+        log.warning("request %s: %s", request_id, exc)
+        return S3Error("ServiceUnavailable", "The catalog could not be reached; retry later.")
+    log.error("request %s failed", request_id, exc_info=exc)
+    return S3Error("InternalError", "We encountered an internal error. Please try again.")
 
 
 def migration_report(summary: PendingSummary) -> dict[str, float | int]:

@@ -318,7 +318,7 @@ def decode_upload_id(upload_id: str) -> tuple[str, str, dict[str, str]]:
         text = upload_id[len(UPLOAD_ID_TAG) :]
         data = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         return str(data["k"]), str(data["u"]), {str(k): str(v) for k, v in data["h"].items()}
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not ours, or forged
         raise S3Error("NoSuchUpload", "The specified upload does not exist.", status=404) from exc
 
 

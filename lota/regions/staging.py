@@ -260,8 +260,9 @@ def _unlink(path: Path) -> None:
 
 
 async def _write_file(path: Path, body: AsyncIterator[bytes]) -> None:
-    """Write to a temp file, fsync, rename: the staged file is whole or absent."""
-    await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+    """Write to a temp file, fsync, rename, fsync the directories: the staged file is whole
+    or absent, and once this returns (the write is acknowledged) it survives power loss."""
+    created = await asyncio.to_thread(_make_dirs, path.parent)
     temp = path.with_suffix(".tmp")
     fd = await asyncio.to_thread(os.open, temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -274,6 +275,23 @@ async def _write_file(path: Path, body: AsyncIterator[bytes]) -> None:
         raise
     os.close(fd)
     await asyncio.to_thread(os.rename, temp, path)
+    for directory in (path.parent, *(d.parent for d in created)):
+        await asyncio.to_thread(_fsync_dir, directory)
+
+
+def _make_dirs(directory: Path) -> list[Path]:
+    """mkdir -p; returns the directories it created, outermost first."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()][::-1]
+    directory.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 async def _read_file(path: Path, first: int, last: int | None) -> AsyncIterator[bytes]:

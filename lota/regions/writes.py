@@ -45,6 +45,14 @@ _UPLOAD_CALLS = frozenset(
 _WRITES = frozenset({"PutObject", "CopyObject", "DeleteObject", "CreateMultipartUpload"})
 
 
+def _still_migrating() -> S3Error:
+    return S3Error(
+        "ServiceUnavailable",
+        "An earlier write of this key is still on its way to its home region; retry shortly.",
+        status=503,
+    )
+
+
 class RegionalRouter:
     """Routes the operations the catalog has a say in."""
 
@@ -76,6 +84,10 @@ class RegionalRouter:
             upload_id = request.query.get("uploadId", "")
             if is_accelerated_upload(upload_id):
                 return await self._upload_call(request, target, name, decoder, upload_id)
+            if name == "CompleteMultipartUpload" and await self._pending(target):
+                # An upload that went straight home, completed while an earlier write is
+                # still on its way: that write would land after it and undo it.
+                raise _still_migrating()
             return None
         if name == "DeleteObjects" and delete_body is not None:
             # Like DeleteObject: in the catalog if the bucket is far or any key has a version
@@ -87,9 +99,17 @@ class RegionalRouter:
             return None
         if name in _WRITES and await self._accelerates(target):
             if name == "CreateMultipartUpload" and self.accelerator.staging.mode != "bucket":
-                return None  # local-disk staging takes single PUTs; uploads go straight home
+                # Local-disk staging takes single PUTs; uploads go straight home, which is
+                # only safe when no earlier write of the key is still on its way there.
+                if await self._pending(target):
+                    raise _still_migrating()
+                return None
             return await self._write(request, target, operation, decoder)
         return None
+
+    async def _pending(self, target: Target) -> bool:
+        latest = await self.catalog.get_object(target.bucket, target.key)
+        return latest is not None and latest.pending
 
     async def _any_pending(self, bucket: str, keys: list[str]) -> bool:
         for key in keys:
@@ -99,10 +119,7 @@ class RegionalRouter:
         return False
 
     async def _accelerates(self, target: Target) -> bool:
-        if self._config.accelerated(target.bucket):
-            return True
-        latest = await self.catalog.get_object(target.bucket, target.key)
-        return latest is not None and latest.pending
+        return self._config.accelerated(target.bucket) or await self._pending(target)
 
     async def _write(
         self, request: web.BaseRequest, target: Target, operation: Operation, decoder: BodyDecoder

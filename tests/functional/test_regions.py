@@ -300,3 +300,52 @@ def test_an_accelerated_overwrite_is_never_answered_with_old_cached_bytes(
     time.sleep(1.5)  # the catalog now says migrated: reads go back to caches and origins
     for s3 in (s3a, s3b):
         assert s3.get_object(Bucket=FAR, Key="model.pt")["Body"].read() == b"version 2"
+
+
+def test_with_local_disk_staging_an_upload_never_lands_under_an_older_pending_write(
+    credentials_file: Path, tmp_path: Path
+) -> None:
+    """Local-disk staging takes single PUTs; multipart uploads go straight home, so one
+    must wait (503, retry) while an earlier write of the key is still on its way there."""
+    with moto_server() as near, moto_server() as far:
+        home = _direct(far)
+        home.create_bucket(Bucket="far")
+        config = tmp_path / "lota.toml"
+        config.write_text(
+            f'region = "us-east"\nnode = "n1"\n'
+            f'[auth]\nmode = "sigv4"\ncredentials = "{credentials_file}"\n'
+            f'[write]\ncatalog = "sqlite:///{tmp_path}/catalog.db"\nstaging = "local-disk"\n'
+            f'staging_dir = "{tmp_path}/staging"\nstaging_grace = "0s"\n'
+            'migrate_bandwidth = "400KiB"\n'
+            f'[regions.us-east]\nendpoint = "{near}"\n[regions.eu-west]\nendpoint = "{far}"\n'
+            '[buckets]\n"far" = "eu-west"\n'
+        )
+        node = LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log").start()
+        try:
+            s3 = client_for(node.url, retries={"max_attempts": 1})
+            s3.put_object(Bucket="far", Key="ckpt", Body=b"OLD" * 300_000)  # ~2 s to migrate
+            with pytest.raises(s3.exceptions.ClientError) as err:
+                s3.create_multipart_upload(Bucket="far", Key="ckpt")
+            assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    upload = s3.create_multipart_upload(Bucket="far", Key="ckpt")["UploadId"]
+                    break
+                except s3.exceptions.ClientError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.3)
+            part = s3.upload_part(
+                Bucket="far", Key="ckpt", UploadId=upload, PartNumber=1, Body=b"NEW"
+            )
+            s3.complete_multipart_upload(
+                Bucket="far",
+                Key="ckpt",
+                UploadId=upload,
+                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+            )
+            time.sleep(1)
+            assert s3.get_object(Bucket="far", Key="ckpt")["Body"].read() == b"NEW"
+            assert home.get_object(Bucket="far", Key="ckpt")["Body"].read() == b"NEW"
+        finally:
+            node.kill()

@@ -1,0 +1,54 @@
+"""Failures that must reach the client as the S3 errors it can act on, never as a 500."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from lota.catalog import CatalogError, CatalogUnavailable
+from lota.regions.accelerate import UPLOAD_ID_TAG, decode_upload_id, encode_upload_id
+from lota.s3.errors import OriginError, S3Error
+from lota.server import as_s3_error
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "code"),
+    [
+        (CatalogUnavailable("database locked"), 503, "ServiceUnavailable"),
+        (OriginError("connection refused"), 503, "ServiceUnavailable"),
+        (CatalogError("schema broken"), 500, "InternalError"),
+        (S3Error("NoSuchKey", "gone", status=404), 404, "NoSuchKey"),
+    ],
+)
+def test_failures_map_to_s3_errors(exc: Exception, status: int, code: str) -> None:
+    error = as_s3_error(exc, "R1")
+    assert (error.status, error.code) == (status, code)
+
+
+def _forged(data: object) -> str:
+    raw = base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+    return UPLOAD_ID_TAG + raw
+
+
+@pytest.mark.parametrize(
+    "upload_id",
+    [
+        _forged({"k": "x", "u": "y", "h": ["not", "a", "map"]}),
+        _forged({"k": "x", "u": "y", "h": "text"}),
+        _forged(["k", "u", "h"]),
+        _forged({"k": "x"}),
+        UPLOAD_ID_TAG + "%%%not-base64",
+        "someone-elses-upload",
+    ],
+)
+def test_an_unreadable_upload_id_is_no_such_upload(upload_id: str) -> None:
+    with pytest.raises(S3Error) as err:
+        decode_upload_id(upload_id)
+    assert (err.value.status, err.value.code) == (404, "NoSuchUpload")
+
+
+def test_upload_ids_round_trip() -> None:
+    upload_id = encode_upload_id("lota-staging/k", "u-1", {"Content-Type": "text/plain"})
+    assert decode_upload_id(upload_id) == ("lota-staging/k", "u-1", {"content-type": "text/plain"})
