@@ -110,14 +110,18 @@ class Migrator:
 
     async def _migrate(self, obj: CatalogObject) -> None:
         started = time.perf_counter()
-        renewer = asyncio.get_running_loop().create_task(self._keep_lease(obj))
+        loop = asyncio.get_running_loop()
+        move = loop.create_task(self._move(obj))
+        lost = asyncio.Event()
+        renewer = loop.create_task(self._keep_lease(obj, move, lost))
         try:
-            if obj.deleted:
-                await self._delete_home(obj)
-            elif obj.parts:
-                await self._copy_multipart(obj)
-            else:
-                await self._copy_single(obj)
+            await move
+        except asyncio.CancelledError:
+            if not lost.is_set():
+                raise  # the node is stopping
+            # Another node may hold the version now: this copy must not land after its.
+            log.warning("lost the lease on %s/%s v%d: copy stopped", obj.bucket, obj.key, obj.seq)
+            return
         except (LotaError, OSError, TimeoutError) as exc:
             attempts = obj.attempts
             retry_at = self._clock.time() + retry_delay(attempts)
@@ -143,11 +147,32 @@ class Migrator:
             self._metrics.migration_seconds.observe(time.perf_counter() - started)
             log.info("migrated %s/%s v%d (%d bytes) home", obj.bucket, obj.key, obj.seq, obj.size)
 
-    async def _keep_lease(self, obj: CatalogObject) -> None:
+    async def _move(self, obj: CatalogObject) -> None:
+        if obj.deleted:
+            await self._delete_home(obj)
+        elif obj.parts:
+            await self._copy_multipart(obj)
+        else:
+            await self._copy_single(obj)
+
+    async def _keep_lease(
+        self, obj: CatalogObject, move: asyncio.Task[None], lost: asyncio.Event
+    ) -> None:
+        """Renew the lease while `move` runs; stop `move` the moment it may have lapsed (a
+        renewal refused, or one that could not reach the catalog), since an expired lease
+        lets another node migrate a newer version that this copy must not land after."""
         while True:
             await asyncio.sleep(self._config.lease / 3)
-            if not await self.catalog.renew_lease(obj.bucket, obj.key, obj.seq, self._config.lease):
-                log.warning("lost the lease on %s/%s v%d", obj.bucket, obj.key, obj.seq)
+            try:
+                held = await self.catalog.renew_lease(
+                    obj.bucket, obj.key, obj.seq, self._config.lease
+                )
+            except LotaError as exc:
+                log.warning("cannot renew the lease on %s/%s: %s", obj.bucket, obj.key, exc)
+                held = False
+            if not held:
+                lost.set()
+                move.cancel()
                 return
 
     # -- the copies ---------------------------------------------------------------------
