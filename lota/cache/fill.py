@@ -251,6 +251,14 @@ class Filler:
         headers = {"x-amz-checksum-mode": "ENABLED"}
         if job.known is not None:
             headers["if-match"] = job.known.meta.etag
+            # Fetch only from the first chunk this job holds to the last: the others are
+            # cached or on their way already (a second prefetch of an object costs nothing).
+            held = [n for n, (_, fill) in enumerate(job.claimed) if fill is not None]
+            if not held:
+                self._finish_result(job, job.known)
+                return
+            job.claimed = job.claimed[held[0] : held[-1] + 1]
+            job.first, job.last = job.claimed[0][0], job.claimed[-1][0]
         start = job.first * self.chunk_size
         if job.last is not None:
             headers["range"] = f"bytes={start}-{(job.last + 1) * self.chunk_size - 1}"

@@ -475,13 +475,15 @@ def test_head_with_range_0_0_prefetches_the_whole_object(
     node = node_factory()
     s3 = client_for(node.url)
     data = _put(origin_s3, bucket, "warm-me", 3 * CHUNK)
-    head = s3.head_object(Bucket=bucket, Key="warm-me", Range="bytes=0-0")
-    assert head["ContentLength"] == 1 and head["ContentRange"] == f"bytes 0-0/{3 * CHUNK}"
+    for _ in range(4):  # prefetches while one runs cost nothing more
+        head = s3.head_object(Bucket=bucket, Key="warm-me", Range="bytes=0-0")
+        assert head["ContentLength"] == 1 and head["ContentRange"] == f"bytes 0-0/{3 * CHUNK}"
     deadline = time.monotonic() + 10
     while recorder.bytes_sent(f"/{bucket}/warm-me") < 3 * CHUNK and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)
     assert _get(s3, bucket, "warm-me") == (data, "HIT")
+    assert recorder.bytes_sent(f"/{bucket}/warm-me") == 3 * CHUNK
 
 
 class _Zeros:
