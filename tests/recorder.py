@@ -36,6 +36,7 @@ class RecordingProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self.seen: list[Seen] = []
         self.down = False  # when set, refuse connections' requests with a reset
+        self.pace = 0.0  # seconds to pause after each 256 KiB of a body (a slow origin)
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -115,6 +116,8 @@ class RecordingProxy:
                 async for piece in upstream.content.iter_chunked(256 * 1024):
                     sent += len(piece)
                     await response.write(piece)
+                    if self.pace:
+                        await asyncio.sleep(self.pace)
             await response.write_eof()
         with self._lock:
             self.seen.append(

@@ -126,6 +126,8 @@ class Deliverer:
             if fill is None:
                 self.filler.start(origin, obj.meta.bucket, obj.meta.key, index, last_chunk, obj)
                 fill = self.filler.fill_for(obj, index)
+            elif not self.filler.coming_soon(fill):
+                break  # its job is far behind: read these bytes from the origin now
             else:
                 self._metrics.cache_coalesced.inc()
             if fill is not None:

@@ -33,6 +33,8 @@ from lota.tasks import TaskGroup
 log = logging.getLogger("lota.cache")
 
 READ_SIZE = 256 * 1024
+# How far ahead of its job a chunk's readers still wait for the job (see coming_soon).
+NEAR = 2
 WRITE_SIZE = 1024 * 1024
 ERROR_BODY_LIMIT = 64 * 1024
 
@@ -121,6 +123,7 @@ class ChunkFill:
         self.taken = 0
         self.finished = False
         self.failed = False
+        self.job: FillJob | None = None  # the job that will fill it
         self._progress = asyncio.Event()
 
     def _pulse(self) -> None:
@@ -161,6 +164,8 @@ class FillJob:
     )
     # Set when the job has ended, whatever the outcome.
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # The chunk the job is copying now (its response body arrives in order).
+    at: int = 0
 
 
 class Filler:
@@ -186,6 +191,13 @@ class Filler:
         m = obj.meta
         return self._fills.get((m.bucket, m.key, m.etag, index))
 
+    def coming_soon(self, fill: ChunkFill) -> bool:
+        """Whether `fill` has started or its job is at most NEAR chunks before it; a reader
+        of a chunk further on reads the origin itself rather than wait for the job to
+        stream everything before it (a tail read during a cold read of the whole object)."""
+        job = fill.job
+        return fill.path is not None or job is None or fill.index - job.at <= NEAR
+
     def cold_job(self, bucket: str, key: str) -> FillJob | None:
         """A job fetching an object whose metadata is not known yet, if one is running."""
         return self._cold.get((bucket, key))
@@ -202,7 +214,7 @@ class Filler:
         """Fetch chunks first..last (None: to the end) from the origin in one GET."""
         if known is None and (pending := self._cold.get((bucket, key))) is not None:
             return pending
-        job = FillJob(bucket, key, first, last, known, region=origin.region.name)
+        job = FillJob(bucket, key, first, last, known, region=origin.region.name, at=first)
         if known is None:
             self._cold[(bucket, key)] = job
         else:
@@ -222,6 +234,7 @@ class Filler:
                 job.claimed.append((index, None))
                 continue
             fill = ChunkFill(index, self.chunk_length(m.size, index))
+            fill.job = job
             self._fills[ident] = fill
             job.claimed.append((index, fill))
 
@@ -259,6 +272,7 @@ class Filler:
                 return
             job.claimed = job.claimed[held[0] : held[-1] + 1]
             job.first, job.last = job.claimed[0][0], job.claimed[-1][0]
+            job.at = job.first
         start = job.first * self.chunk_size
         if job.last is not None:
             headers["range"] = f"bytes={start}-{(job.last + 1) * self.chunk_size - 1}"
@@ -291,6 +305,7 @@ class Filler:
     ) -> None:
         """Copy the response body into the claimed chunks, skipping the unclaimed ones."""
         for index, fill in job.claimed:
+            job.at = index
             if fill is None:
                 await _skip(response, self.chunk_length(obj.meta.size, index))
             else:

@@ -253,6 +253,29 @@ def test_32_concurrent_cold_readers_share_one_origin_fetch(
     assert recorder.bytes_sent(f"/{bucket}/big") == 256 * MiB
 
 
+def test_a_tail_read_does_not_wait_for_a_cold_read_of_the_whole_object(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory(chunk_size="1MiB")
+    data = _put(origin_s3, bucket, "big", 24 * MiB)
+    recorder.pace = 0.05  # ~5 MB/s: the whole object takes ~5 s to come
+    whole: list[bool] = []
+    reader = threading.Thread(
+        target=lambda: whole.append(_get(client_for(node.url), bucket, "big")[0] == data)
+    )
+    reader.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    tail, _ = _get(client_for(node.url), bucket, "big", Range="bytes=-100")
+    assert tail == data[-100:]
+    # The job fetching the whole object reaches the last chunk ~4.5 s from now; the tail
+    # is read from the origin directly instead of waiting for it.
+    assert time.monotonic() - started < 2.0
+    reader.join()
+    assert whole == [True]
+    assert recorder.bytes_sent(f"/{bucket}/big") < len(data) + MiB
+
+
 def test_the_last_kib_of_a_cold_1gib_object_moves_about_one_chunk(
     node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
 ) -> None:
