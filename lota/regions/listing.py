@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote_plus, unquote_plus
 from xml.sax.saxutils import escape
 
-from lota.s3.errors import OriginError, invalid_argument
+from lota.s3.errors import OriginError, S3Error, invalid_argument
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_PAGE = 1000  # S3 never lists more entries in one response
@@ -181,6 +181,17 @@ def _parse_max_keys(value: str | None) -> int:
 def encode_token(after: str) -> str:
     """LOTA's continuation token: where the next page starts, opaque to clients."""
     return _TOKEN_TAG + base64.urlsafe_b64encode(after.encode()).decode().rstrip("=")
+
+
+def is_lota_token(token: str) -> bool:
+    """Whether a continuation token is one of LOTA's (else it is the origin's, passed
+    through): it must decode and re-encode exactly, which an origin's token that merely
+    starts with the tag does not."""
+    try:
+        decode_token(token)
+    except S3Error:
+        return False
+    return True
 
 
 def decode_token(token: str) -> str:

@@ -28,6 +28,7 @@ from lota.regions.listing import (
     ListRequest,
     Merger,
     Override,
+    is_lota_token,
     parse_origin_page,
     render,
 )
@@ -169,7 +170,12 @@ class RegionalRouter:
         self, request: web.BaseRequest, target: Target, name: str
     ) -> web.StreamResponse | None:
         wanted = ListRequest.from_query(target.bucket, list(request.query.items()))
-        if not await self.catalog.list_objects(target.bucket, wanted.prefix, "", 1):
+        # A listing goes on where its first page was made: an origin's continuation token
+        # back to the origin, one of LOTA's to the merger, whatever the catalog holds now.
+        if wanted.continuation_token:
+            if not is_lota_token(wanted.continuation_token):
+                return None
+        elif not await self.catalog.list_objects(target.bucket, wanted.prefix, "", 1):
             return None  # no key of the catalog's under this prefix: the origin's list is true
         origin = self._passthrough.origin_for(target.bucket)
         body = await merged_listing(wanted, origin, self.catalog)

@@ -200,6 +200,23 @@ def test_a_delete_objects_on_a_home_region_node_wins_over_a_pending_write(
     assert "Contents" not in regions.origin_b.list_objects_v2(Bucket=FAR, Prefix="k")
 
 
+def test_a_listing_keeps_paging_when_a_write_lands_under_its_prefix_midway(
+    regions: TwoRegions,
+) -> None:
+    s3a = client_for(regions.a.url)
+    for i in range(3):
+        regions.origin_b.put_object(Bucket=FAR, Key=f"p/{i}", Body=b"home")
+    first = s3a.list_objects_v2(Bucket=FAR, Prefix="p/", MaxKeys=2)
+    assert [o["Key"] for o in first["Contents"]] == ["p/0", "p/1"]
+    s3a.put_object(Bucket=FAR, Key="p/new", Body=b"pending")  # the catalog now has p/
+    rest = s3a.list_objects_v2(
+        Bucket=FAR, Prefix="p/", MaxKeys=2, ContinuationToken=first["NextContinuationToken"]
+    )
+    assert rest["Contents"][0]["Key"] == "p/2"
+    fresh = s3a.list_objects_v2(Bucket=FAR, Prefix="p/")
+    assert [o["Key"] for o in fresh["Contents"]] == ["p/0", "p/1", "p/2", "p/new"]
+
+
 def test_writes_are_accepted_while_the_home_region_is_down_and_catch_up(
     regions: TwoRegions,
 ) -> None:

@@ -32,6 +32,7 @@ from lota.regions.listing import (
     Page,
     decode_token,
     encode_token,
+    is_lota_token,
     parse_origin_page,
     render,
     skip_past,
@@ -701,3 +702,9 @@ def test_real_origin_pages_and_skip_start_after(origin_s3: Any, bucket: str) -> 
     assert [e.key for e in page.contents] == ["a b+c", "big0", "zä\x01"]
     assert page.prefixes == ["big/"]
     assert page.contents[0].size == 1 and page.contents[0].etag.startswith('"')
+
+
+def test_only_tokens_lota_made_are_taken_for_lota_s() -> None:
+    assert is_lota_token(encode_token("photos/2026/a.jpg"))
+    for origin_token in ("1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=", "L1nope!", "L1", ""):
+        assert not is_lota_token(origin_token)
