@@ -185,7 +185,20 @@ class Staging:
                 raise _passed_on(r.status if r.status != 200 else 400, answer)
         etag = _xml_text(answer, "ETag")
         chosen = [int(n) for n in _xml_all(body, "PartNumber")]
+        if any(n not in sizes for n in chosen) or sum(sizes[n] for n in chosen) != await self._size(
+            origin, key
+        ):
+            # A part was uploaded again between the listing and the completion: ask the
+            # completed object itself.
+            sizes = {n: await self._size(origin, key, part=n) for n in chosen}
         return etag, [sizes[n] for n in chosen]
+
+    async def _size(self, origin: OriginClient, key: str, part: int | None = None) -> int:
+        query = [] if part is None else [("partNumber", str(part))]
+        async with origin.request("HEAD", self._bucket, key, query=query) as r:
+            if r.status not in (200, 206):
+                raise OriginError(f"staging HEAD answered {r.status}")
+            return int(r.headers.get("content-length", "-1"))
 
     async def _part_sizes(self, origin: OriginClient, key: str, upload: str) -> dict[int, int]:
         sizes: dict[int, int] = {}
