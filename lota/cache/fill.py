@@ -273,6 +273,7 @@ class Filler:
             job.claimed = job.claimed[held[0] : held[-1] + 1]
             job.first, job.last = job.claimed[0][0], job.claimed[-1][0]
             job.at = job.first
+        epoch = self.store.epoch
         start = job.first * self.chunk_size
         if job.last is not None:
             headers["range"] = f"bytes={start}-{(job.last + 1) * self.chunk_size - 1}"
@@ -292,7 +293,7 @@ class Filler:
                 return
             meta = object_meta(job.bucket, job.key, response, self._clock.time())
             if job.known is None:
-                obj = await self.store.admit(meta)
+                obj = await self.store.admit(meta, since=epoch)
                 self._register(job, obj)
                 del self._cold[(job.bucket, job.key)]
             else:

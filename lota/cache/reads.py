@@ -121,6 +121,7 @@ class ReadPath:
         self, origin: OriginClient, obj: CachedObject
     ) -> tuple[CachedObject | None, str]:
         m = obj.meta
+        epoch = self.store.epoch
         try:
             async with origin.request(
                 "HEAD", m.bucket, m.key, headers={"if-none-match": m.etag}
@@ -133,12 +134,20 @@ class ReadPath:
                 )
         except OriginError:
             return self._stale_or_raise(obj)
+        if not obj.alive:
+            # Replaced or dropped while we asked (a write through LOTA): the answer is about
+            # an older state than the store's; start over from what the store has now.
+            current = self.store.lookup(m.bucket, m.key)
+            if current is not None and not self._needs_revalidation(current):
+                return current, "HIT"
+            return None, "MISS"
         if status == 304 or (fresh is not None and fresh.etag == m.etag):
             self._metrics.cache_revalidations.labels("unchanged").inc()
-            return await self.store.admit(replace(m, validated_at=self._clock.time())), "HIT"
+            refreshed = replace(m, validated_at=self._clock.time())
+            return await self.store.admit(refreshed, since=epoch), "HIT"
         if fresh is not None:
             self._metrics.cache_revalidations.labels("changed").inc()
-            return await self.store.admit(fresh), "MISS"
+            return await self.store.admit(fresh, since=epoch), "MISS"
         if status == 404:
             self._metrics.cache_revalidations.labels("gone").inc()
             await self.store.invalidate(m.bucket, m.key)
@@ -185,11 +194,12 @@ class ReadPath:
         return first, None if wanted.end is None else wanted.end // self._cs
 
     async def _head(self, origin: OriginClient, target: Target) -> CachedObject | OriginReply:
+        epoch = self.store.epoch
         async with origin.request("HEAD", target.bucket, target.key) as reply:
             if reply.status != 200:
                 return OriginReply(reply.status, list(reply.headers.items()), b"")
             meta = object_meta(target.bucket, target.key, reply, self._clock.time())
-        return await self.store.admit(meta)
+        return await self.store.admit(meta, since=epoch)
 
     # -- delivery ---------------------------------------------------------------------
 

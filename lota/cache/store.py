@@ -51,7 +51,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -391,6 +391,9 @@ class CacheStore:
         self._tasks = TaskGroup("cache")
         self._objects: dict[str, dict[str, CachedObject]] = {}
         self._stems: dict[str, CachedObject] = {}
+        # Bumped by every invalidation: an origin answer that set out before one may
+        # describe what the write replaced (see admit's `since`).
+        self.epoch = 0
         self._bare: OrderedDict[str, CachedObject] = OrderedDict()
         self._policy: S3FIFO[_Chunk] = S3FIFO(fingerprint=_fingerprint)
         self._writers: dict[tuple[str, int], ChunkWriter] = {}
@@ -543,11 +546,17 @@ class CacheStore:
         objects = self._objects.get(bucket)
         return objects.get(key) if objects is not None else None
 
-    async def admit(self, meta: ObjectMeta) -> CachedObject:
+    async def admit(self, meta: ObjectMeta, since: int | None = None) -> CachedObject:
         """Insert or refresh the entry for `meta`. The same ETag/version keeps the chunks and
-        takes the new metadata (validated_at, parts, headers); another one replaces them."""
+        takes the new metadata (validated_at, parts, headers); another one replaces them.
+
+        `since` is :attr:`epoch` as it was when the origin was asked for `meta`: if anything
+        was invalidated since, `meta` may predate a write, so the entry is checked with the
+        origin before its next use."""
         if meta.size < 0:
             raise ValueError(f"object size must not be negative: {meta.size}")
+        if since is not None and since != self.epoch:
+            meta = replace(meta, validated_at=0.0)
         current = self.lookup(meta.bucket, meta.key)
         if current is not None and current.meta.same_object(meta):
             current.meta = meta
@@ -567,6 +576,7 @@ class CacheStore:
 
     async def invalidate(self, bucket: str, key: str) -> None:
         """Drop the entry and its chunks (writes and deletes through LOTA call this)."""
+        self.epoch += 1
         obj = self.lookup(bucket, key)
         if obj is not None:
             self._forget(obj)
@@ -574,6 +584,7 @@ class CacheStore:
 
     async def invalidate_prefix(self, bucket: str, prefix: str) -> int:
         """Drop every entry of `bucket` whose key starts with `prefix`; returns how many."""
+        self.epoch += 1
         doomed = [o for k, o in self._objects.get(bucket, {}).items() if k.startswith(prefix)]
         for obj in doomed:
             self._forget(obj)

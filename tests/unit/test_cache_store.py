@@ -640,3 +640,15 @@ def test_chunk_arithmetic_and_names() -> None:
     assert parse_final(f"{stem}.12") == (stem, 12)
     for name in (f"{stem}.1.abcd.tmp", "../x.1", f"{stem}.-1", f"{stem.upper()}.1", f"{stem}.1.x"):
         assert parse_final(name) is None
+
+
+async def test_an_answer_older_than_an_invalidation_is_admitted_for_revalidation(
+    make_store: MakeStore,
+) -> None:
+    store = await make_store()
+    asked = store.epoch  # the origin is asked; meanwhile a write through LOTA lands
+    await store.invalidate("b", "k")
+    late = await store.admit(meta(validated_at=1000.0), since=asked)
+    assert late.meta.validated_at == 0.0  # checked with the origin before its next use
+    fresh = await store.admit(meta(key="k2", validated_at=1000.0), since=store.epoch)
+    assert fresh.meta.validated_at == 1000.0
