@@ -33,7 +33,7 @@ MAX_ATTEMPTS = 3
 
 
 class ChunkUnreadable(OSError):
-    """A cached chunk turned out shorter than its index entry while being sent."""
+    """A cached chunk turned out short, or unreadable (EIO), while being sent."""
 
 
 class Deliverer:
