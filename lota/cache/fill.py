@@ -33,10 +33,10 @@ from lota.tasks import TaskGroup
 log = logging.getLogger("lota.cache")
 
 READ_SIZE = 256 * 1024
-# How far ahead of its job a chunk's readers still wait for the job (see coming_soon).
-NEAR = 2
 WRITE_SIZE = 1024 * 1024
 ERROR_BODY_LIMIT = 64 * 1024
+# How far ahead of its job a chunk's readers still wait for the job (see coming_soon).
+NEAR = 2
 
 # Response headers that describe the object itself and are replayed on hits.
 _OBJECT_HEADERS = (
@@ -248,6 +248,8 @@ class Filler:
         except asyncio.CancelledError:
             self._fail(job, OriginError("fill cancelled"))
             raise
+        except CacheFull as exc:  # counted (lota_cache_bypassed_fills); a full disk is no news
+            self._fail(job, exc)
         except (LotaError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.warning("fill of %s/%s failed: %r", job.bucket, job.key, exc)
             self._fail(job, exc)

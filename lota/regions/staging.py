@@ -185,9 +185,8 @@ class Staging:
                 raise _passed_on(r.status if r.status != 200 else 400, answer)
         etag = _xml_text(answer, "ETag")
         chosen = [int(n) for n in _xml_all(body, "PartNumber")]
-        if any(n not in sizes for n in chosen) or sum(sizes[n] for n in chosen) != await self._size(
-            origin, key
-        ):
+        listed = all(n in sizes for n in chosen)
+        if not listed or sum(sizes[n] for n in chosen) != await self._size(origin, key):
             # A part was uploaded again between the listing and the completion: ask the
             # completed object itself.
             sizes = {n: await self._size(origin, key, part=n) for n in chosen}

@@ -85,7 +85,7 @@ class RegionalRouter:
             upload_id = request.query.get("uploadId", "")
             if is_accelerated_upload(upload_id):
                 return await self._upload_call(request, target, name, decoder, upload_id)
-            if name == "CompleteMultipartUpload" and await self._pending(target):
+            if name == "CompleteMultipartUpload" and await self._pending(target.bucket, target.key):
                 # An upload that went straight home, completed while an earlier write is
                 # still on its way: that write would land after it and undo it.
                 raise _still_migrating()
@@ -102,25 +102,27 @@ class RegionalRouter:
             if name == "CreateMultipartUpload" and self.accelerator.staging.mode != "bucket":
                 # Local-disk staging takes single PUTs; uploads go straight home, which is
                 # only safe when no earlier write of the key is still on its way there.
-                if await self._pending(target):
+                if await self._pending(target.bucket, target.key):
                     raise _still_migrating()
                 return None
             return await self._write(request, target, operation, decoder)
         return None
 
-    async def _pending(self, target: Target) -> bool:
-        latest = await self.catalog.get_object(target.bucket, target.key)
+    async def _pending(self, bucket: str, key: str) -> bool:
+        """Whether the key's latest version has not reached its home region yet."""
+        latest = await self.catalog.get_object(bucket, key)
         return latest is not None and latest.pending
 
     async def _any_pending(self, bucket: str, keys: list[str]) -> bool:
         for key in keys:
-            latest = await self.catalog.get_object(bucket, key)
-            if latest is not None and latest.pending:
+            if await self._pending(bucket, key):
                 return True
         return False
 
     async def _accelerates(self, target: Target) -> bool:
-        return self._config.accelerated(target.bucket) or await self._pending(target)
+        return self._config.accelerated(target.bucket) or await self._pending(
+            target.bucket, target.key
+        )
 
     async def _write(
         self, request: web.BaseRequest, target: Target, operation: Operation, decoder: BodyDecoder
