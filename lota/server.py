@@ -288,22 +288,25 @@ class Node:
         if "range" in request.headers and ctx.operation == "GetObject":
             parse_range(request.headers["range"])
         assert self._passthrough is not None
+        read = ctx.operation in ("GetObject", "HeadObject")
+        if read:
+            if self._router is not None:
+                routed = await self._router.read(request, target)
+                if routed is not None:
+                    return routed
+            if self._reads is not None and cacheable(target, request.headers):
+                origin = self._passthrough.origin_for(target.bucket)
+                return await self._reads.serve(request, target, origin)
+        # Made only now: a read answered from the cache has no body to decode.
         decoder = self.auth.decoder(view, authorized)
         if request.headers.get("expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if self._router is not None:
+        if self._router is not None and not read:
             routed = await self._router.handle(request, target, authorized.operation, decoder)
             if routed is not None:
                 if ctx.operation in INVALIDATING:
                     await self._drop_cached(target.bucket, [target.key])
                 return routed
-        origin = self._passthrough.origin_for(target.bucket)
-        if (
-            self._reads is not None
-            and ctx.operation in ("GetObject", "HeadObject")
-            and cacheable(target, request.headers)
-        ):
-            return await self._reads.serve(request, target, origin)
         if ctx.operation == "DeleteObjects":
             return await self._delete_objects(request, target, authorized, decoder)
         if ctx.operation not in INVALIDATING:

@@ -65,6 +65,16 @@ class RegionalRouter:
         self.accelerator = accelerator
         self._passthrough = passthrough
 
+    async def read(self, request: web.BaseRequest, target: Target) -> web.StreamResponse | None:
+        """A GET or HEAD of a key whose latest version is still on its way home is answered
+        from where it is staged; None for every other read."""
+        if "versionId" in request.query:
+            return None
+        latest = await self.catalog.get_object(target.bucket, target.key)
+        if latest is not None and latest.pending:
+            return await self.accelerator.read(request, latest)
+        return None
+
     async def handle(
         self,
         request: web.BaseRequest,
@@ -73,12 +83,8 @@ class RegionalRouter:
         decoder: BodyDecoder,
         delete_body: bytes | None = None,
     ) -> web.StreamResponse | None:
+        """Any other operation the catalog has a say in; None when it has none."""
         name = operation.name
-        if name in ("GetObject", "HeadObject") and "versionId" not in request.query:
-            latest = await self.catalog.get_object(target.bucket, target.key)
-            if latest is not None and latest.pending:
-                return await self.accelerator.read(request, latest)
-            return None
         if name in ("ListObjects", "ListObjectsV2"):
             return await self._list(request, target, name)
         if name in _UPLOAD_CALLS:

@@ -88,6 +88,18 @@ def _unquote_plus(text: str) -> str:
 
 def parse_target(host: str, raw_target: str, domain: str) -> Target:
     """Find bucket and key in a request; raise an :class:`S3Error` for malformed ones."""
+    if len(raw_target) <= _MEMO_CHARS:
+        return _parse_target_memo(host, raw_target, domain)
+    return _parse_target(host, raw_target, domain)
+
+
+# Targets are immutable and a function of the request line and Host alone, and readers
+# send the same ones over and over (presigned URLs, range reads of one object): parsing
+# one costs more than remembering it. Bounded: 1,024 entries of at most ~4 KiB each.
+_MEMO_CHARS = 2048
+
+
+def _parse_target(host: str, raw_target: str, domain: str) -> Target:
     raw_path, query = split_target(raw_target)
     if not raw_path.startswith("/"):
         raise S3Error("InvalidURI", "The request target must be an absolute path.")
@@ -109,6 +121,9 @@ def parse_target(host: str, raw_target: str, domain: str) -> Target:
     if "\x00" in key:
         raise S3Error("InvalidURI", "Keys may not contain NUL.")
     return Target(bucket=bucket, key=key, virtual_host=virtual, raw_path=raw_path, query=query)
+
+
+_parse_target_memo = lru_cache(maxsize=1024)(_parse_target)
 
 
 def _strip_port(host: str) -> str:
