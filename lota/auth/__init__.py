@@ -81,12 +81,12 @@ class Authenticator:
         if self._store is None:
             operation = classify(view.method, bucket, key, view.query, view.headers)
             return Authorized(principal=None, operation=operation, verified=None)
-        now = self._clock.now()
         repeat = self._recent.key(view, bucket, key)
         if repeat is not None:
-            known = self._recent.get(repeat, now.timestamp())
+            known = self._recent.get(repeat, self._clock.time())
             if known is not None:
                 return known
+        now = self._clock.now()
         # Who is asking comes first: nothing about the request is judged for a stranger.
         verified, query = self._verify(self._store, view, bucket, key, now)
         operation = classify(view.method, bucket, key, query, view.headers)
