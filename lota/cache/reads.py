@@ -49,6 +49,11 @@ RESPONSE_OVERRIDES = {
 }
 # Requests the cache does not answer: other versions, customer-key encryption.
 _BYPASS_QUERY = frozenset({"versionId"})
+_SSE_C_HEADERS = (
+    "x-amz-server-side-encryption-customer-algorithm",
+    "x-amz-server-side-encryption-customer-key",
+    "x-amz-server-side-encryption-customer-key-md5",
+)
 _SEQUENTIAL_MEMORY = 4096
 # A hit this small is read into memory and sent with its headers in one write.
 SMALL_BODY = INLINE_READ
@@ -59,7 +64,7 @@ def cacheable(target: Target, headers: Mapping[str, str]) -> bool:
     """Whether a GetObject/HeadObject may be answered from the cache."""
     if not target.key or any(k in _BYPASS_QUERY for k, _ in target.query):
         return False
-    return not any(h.lower().startswith("x-amz-server-side-encryption-customer") for h in headers)
+    return not any(name in headers for name in _SSE_C_HEADERS)
 
 
 class ReadPath:
