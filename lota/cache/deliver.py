@@ -76,25 +76,35 @@ class Deliverer:
         cs = self.chunk_size
         pieces = []
         for index in range(first // cs, last // cs + 1):
-            if not self.store.has_chunk(obj, index):
-                return None
-            reader = await self.store.open_chunk(obj, index)
-            if reader is None:
-                return None
             lo = max(first, index * cs) - index * cs
             count = min(last + 1, (index + 1) * cs) - index * cs - lo
-            try:
-                data = os.pread(reader.fd, count, lo)
-            except OSError:
-                data = b""
-            finally:
-                reader.close()
-            if len(data) != count:
-                self.store.drop_unreadable(obj, index)
-                return None
+            data = self.store.read_hot(obj, index, lo, count)
+            if data is None:
+                data = await self._read_cold(obj, index, lo, count)
+                if data is None:
+                    return None
             pieces.append(data)
         self._metrics.cache_bytes.labels("hit").inc(last - first + 1)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def _read_cold(self, obj: CachedObject, index: int, lo: int, count: int) -> bytes | None:
+        """Like :meth:`CacheStore.read_hot` for a chunk not read since start-up (opened,
+        and verified if the policy says so, first); None if it is missing or unreadable."""
+        if not self.store.has_chunk(obj, index):
+            return None
+        reader = await self.store.open_chunk(obj, index)
+        if reader is None:
+            return None
+        try:
+            data = os.pread(reader.fd, count, lo)
+        except OSError:
+            data = b""
+        finally:
+            reader.close()
+        if len(data) != count:
+            self.store.drop_unreadable(obj, index)
+            return None
+        return data
 
     async def _chunk(
         self,

@@ -62,7 +62,7 @@ Headers = tuple[tuple[str, str], ...]
 
 def cacheable(target: Target, headers: Mapping[str, str]) -> bool:
     """Whether a GetObject/HeadObject may be answered from the cache."""
-    if not target.key or any(k in _BYPASS_QUERY for k, _ in target.query):
+    if not target.key or not _BYPASS_QUERY.isdisjoint(target.names):
         return False
     return not any(name in headers for name in _SSE_C_HEADERS)
 
@@ -335,10 +335,11 @@ class ReadPath:
             headers.extend(_without_parts_count(m.headers))  # a 200 is never a part
         else:
             headers.extend(_plain_headers(m.headers, part is not None))
-        for name, value in target.query:
-            override = RESPONSE_OVERRIDES.get(name)
-            if override is not None:
-                headers[override] = value
+        if not target.names.isdisjoint(RESPONSE_OVERRIDES):
+            for name, value in target.query:
+                override = RESPONSE_OVERRIDES.get(name)
+                if override is not None:
+                    headers[override] = value
         headers["Accept-Ranges"] = "bytes"
         headers[CACHE_HEADER] = source
         if status == 206:
@@ -400,9 +401,9 @@ def _without_parts_count(headers: Headers) -> Headers:
 
 
 def _part_number(target: Target) -> int | None:
-    value = next((v for k, v in target.query if k == "partNumber"), None) if target.query else None
-    if value is None:
+    if "partNumber" not in target.names:
         return None
+    value = next(v for k, v in target.query if k == "partNumber")
     if not value.isdigit() or not 1 <= int(value) <= 10000:
         raise S3Error(
             "InvalidArgument", "Part number must be an integer between 1 and 10000, inclusive"

@@ -639,6 +639,25 @@ class CacheStore:
 
     # Chunks
 
+    def read_hot(self, obj: CachedObject, index: int, offset: int, count: int) -> bytes | None:
+        """`count` bytes at `offset` of chunk `index` if it is hot (read since start-up,
+        checked, its descriptor still open), read at once on the calling thread; else None,
+        and :meth:`open_chunk` is the way. Nothing can close the descriptor meanwhile: that
+        only happens on the event loop, which this call holds."""
+        chunk = obj.chunks.get(index) if obj.alive and self._ready else None
+        if chunk is None or chunk.fd < 0 or self._digest_to_check(chunk) is not None:
+            return None
+        try:
+            data = os.pread(chunk.fd, count, offset)
+        except OSError:
+            data = b""
+        if len(data) != count:
+            self.drop_unreadable(obj, index)
+            return None
+        self._open_fds.move_to_end(chunk)
+        self._touch(chunk)
+        return data
+
     async def open_chunk(self, obj: CachedObject, index: int) -> ChunkReader | None:
         """Open chunk `index` for reading, verified as the policy says; None if absent or
         damaged (then it is gone, and the caller fetches it again)."""
@@ -668,10 +687,14 @@ class CacheStore:
         return self._reader(chunk, fd, owned=True)
 
     def _reader(self, chunk: _Chunk, fd: int, *, owned: bool) -> ChunkReader:
+        self._touch(chunk)
+        return ChunkReader(fd, chunk.length, partial(self._unref, chunk), owned=owned)
+
+    def _touch(self, chunk: _Chunk) -> None:
+        """A chunk is read: the eviction policy and the scrubber hear of it."""
         self._policy.access(chunk)
         chunk.last_access = self._clock.time()
         self._count("hits")
-        return ChunkReader(fd, chunk.length, partial(self._unref, chunk), owned=owned)
 
     def _keep_open(self, chunk: _Chunk, fd: int) -> None:
         """Keep the descriptors of recently read chunks open, so a hit costs no open()."""

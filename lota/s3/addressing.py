@@ -9,7 +9,7 @@ unchanged; nothing here (or anywhere) turns a key into a file path.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import unquote
 
@@ -49,6 +49,11 @@ class Target:
     # The path exactly as the client sent it (still percent-encoded), for signature checks.
     raw_path: str
     query: tuple[tuple[str, str], ...]
+    # The query's parameter names, for quick membership tests; derived from `query`.
+    names: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", frozenset(name for name, _ in self.query))
 
     @property
     def resource(self) -> str:

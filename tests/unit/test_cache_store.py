@@ -429,6 +429,24 @@ async def test_truncated_chunk_is_never_served_even_without_verification(
     assert not store.has_chunk(obj, 0)
 
 
+async def test_hot_chunks_are_read_inline_and_short_ones_dropped(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    data = content(obj.meta, 1)
+    assert store.read_hot(obj, 1, 10, 100) is None  # not read since start-up: not checked
+    assert await read(store, obj, 1) == data
+    hits = store.stats()["hits"]
+    assert store.read_hot(obj, 1, 10, 100) == data[10:110]
+    assert store.stats()["hits"] == hits + 1
+    os.truncate(chunk_path(store._dirs[obj.chunks[1].dir], obj.stem, 1), 50)
+    assert store.read_hot(obj, 1, 10, 100) is None
+    assert not store.has_chunk(obj, 1)
+    assert await read(store, obj, 0) == content(obj.meta, 0)
+    await store.invalidate("b", "k")
+    assert store.read_hot(obj, 0, 0, 10) is None
+
+
 async def test_concurrent_first_reads_share_one_verification(make_store: MakeStore) -> None:
     store = await make_store()
     obj = await store.admit(meta())
