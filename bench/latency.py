@@ -22,7 +22,7 @@ read the whole body.
 Caveat: this is one 2-core machine. The load generator, LOTA, the WAN emulator (in this
 script's own process) and moto share the cores; the numbers are a floor, not a ceiling.
 
-    python -m bench.latency                           # ~2.5 minutes
+    python -m bench.latency                           # ~3 minutes
     python -m bench.latency --hit 200 --miss 30 --direct 30 --concurrency 1,16   # quick
 """
 
@@ -304,7 +304,9 @@ async def main() -> None:
     parser.add_argument("--latency", default="10ms", help="one-way latency to the origin")
     parser.add_argument("--sizes", default="64KiB,4MiB")
     parser.add_argument("--concurrency", default="1,16,64")
-    parser.add_argument("--hit", type=int, default=2000, help="requests per HIT cell")
+    parser.add_argument(
+        "--hit", type=int, default=10000, help="requests per HIT cell (p99 from >= 100 samples)"
+    )
     parser.add_argument("--miss", type=int, default=400, help="requests per MISS cell")
     parser.add_argument("--direct", type=int, default=1000, help="requests per direct cell")
     parser.add_argument(
