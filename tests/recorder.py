@@ -37,6 +37,7 @@ class RecordingProxy:
         self.seen: list[Seen] = []
         self.down = False  # when set, refuse connections' requests with a reset
         self.pace = 0.0  # seconds to pause after each 256 KiB of a body (a slow origin)
+        self.delay = 0.0  # seconds to hold each request before forwarding it (a far origin)
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -91,6 +92,8 @@ class RecordingProxy:
             if request.transport is not None:
                 request.transport.abort()
             raise ConnectionResetError("origin is down")
+        if self.delay:
+            await asyncio.sleep(self.delay)
         headers = {
             k: v
             for k, v in request.headers.items()

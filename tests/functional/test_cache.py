@@ -253,6 +253,24 @@ def test_32_concurrent_cold_readers_share_one_origin_fetch(
     assert recorder.bytes_sent(f"/{bucket}/big") == 256 * MiB
 
 
+def test_a_reader_joining_a_cold_fill_is_not_given_another_readers_416(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    s3 = client_for(node.url)
+    data = _put(origin_s3, bucket, "small", 100_000)
+    recorder.delay = 0.5  # the first reader's cold fill is still waiting when the second comes
+    with ThreadPoolExecutor(2) as pool:
+        beyond = pool.submit(_get, s3, bucket, "small", Range=f"bytes={CHUNK + 1}-")
+        time.sleep(0.15)
+        whole = pool.submit(_get, s3, bucket, "small")
+        with pytest.raises(Exception, match="InvalidRange"):
+            beyond.result()
+        assert whole.result()[0] == data
+    recorder.delay = 0.0
+    assert _hit(s3, bucket, "small") == (data, "HIT")
+
+
 def test_a_tail_read_does_not_wait_for_a_cold_read_of_the_whole_object(
     node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
 ) -> None:
