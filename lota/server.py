@@ -101,6 +101,9 @@ class Node:
         self.auth = Authenticator(config.auth, Clock())
         self.ready = False
         self.tasks = TaskGroup("node")
+        # Cache fills run on their own: a stop lets them finish (see stop_serving).
+        self.fills = TaskGroup("fills")
+        self._drain_until: float | None = None
         self.store: CacheStore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._passthrough: PassThrough | None = None
@@ -199,7 +202,7 @@ class Node:
         # The index just loaded is long-lived: keep the collector from rescanning it.
         gc.freeze()
         self.metrics.watch_store(self.store)
-        filler = Filler(self.store, c.chunk_size, self.metrics, self.clock, self.tasks)
+        filler = Filler(self.store, c.chunk_size, self.metrics, self.clock, self.fills)
         self._reads = ReadPath(self.store, filler, c, self.clock, self.metrics)
         if self.config.lifecycle.restore_on_read:
             self._reads.on_archived = self._start_restore
@@ -214,6 +217,11 @@ class Node:
         try:
             if self.access is not None:
                 await self.access.close()  # flush the last accesses while the catalog is open
+            # Fills in flight (bytes a client has been sent, or a prefetch) are kept if they
+            # end within the drain time; what is left then is cut, never committed partial.
+            until = self._drain_until or time.monotonic() + self.config.drain_timeout
+            await self.fills.drain(max(0.0, until - time.monotonic()))
+            await self.fills.close()
             await self.tasks.close()
             if self._reads is not None:
                 self._reads.close()
@@ -225,6 +233,11 @@ class Node:
                 await self._session.close()
         finally:
             self.access_log.flush()
+
+    def stop_serving(self) -> None:
+        """Not ready any more (health probes say so); the drain time starts now."""
+        self.ready = False
+        self._drain_until = time.monotonic() + self.config.drain_timeout
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request; never raises except to abort a response already started."""
@@ -604,7 +617,7 @@ async def serve(
             log.info(
                 "shutting down: draining in-flight requests (up to %.0fs)", config.drain_timeout
             )
-            node.ready = False
+            node.stop_serving()
             await runner.cleanup()
             log.info("stopped")
     finally:

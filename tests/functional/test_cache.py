@@ -527,6 +527,22 @@ def test_head_with_range_0_0_prefetches_the_whole_object(
     assert recorder.bytes_sent(f"/{bucket}/warm-me") == 3 * CHUNK
 
 
+def test_a_stop_lets_fills_in_flight_finish(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    node = node_factory()
+    s3 = client_for(node.url)
+    data = _put(origin_s3, bucket, "slow", 3 * MiB)
+    recorder.pace = 0.1  # ~1.2 s for the whole object
+    s3.head_object(Bucket=bucket, Key="slow", Range="bytes=0-0")  # a prefetch starts
+    time.sleep(0.3)
+    assert node.stop() == 0  # SIGTERM while the fill is under way
+    recorder.pace = 0.0
+    again = node_factory(cache_dir=tmp_path / "cache")
+    assert _get(client_for(again.url), bucket, "slow") == (data, "HIT")
+    assert len(recorder.requests("GET", f"/{bucket}/slow")) == 1
+
+
 class _Zeros:
     """A file-like object of `size` bytes: zeros, then `tail` (no memory held)."""
 
