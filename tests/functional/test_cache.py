@@ -7,10 +7,12 @@ import hashlib
 import http.client
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -541,6 +543,32 @@ def test_a_stop_lets_fills_in_flight_finish(
     again = node_factory(cache_dir=tmp_path / "cache")
     assert _get(client_for(again.url), bucket, "slow") == (data, "HIT")
     assert len(recorder.requests("GET", f"/{bucket}/slow")) == 1
+
+
+def test_a_stop_cuts_a_zero_copy_send_to_a_client_that_stopped_reading(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOTA_DRAIN_TIMEOUT", "1s")
+    node = node_factory()
+    s3 = client_for(node.url)
+    _put(origin_s3, bucket, "big", 3 * CHUNK)
+    _get(s3, bucket, "big")
+    assert _hit(s3, bucket, "big")[1] == "HIT"
+    url = urllib.parse.urlsplit(
+        s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "big"})
+    )
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        sock.connect(("127.0.0.1", node.port))
+        target = f"{url.path}?{url.query}"
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode())
+        head = sock.recv(64 * 1024)
+        assert head.startswith(b"HTTP/1.1 200"), head[:100]
+        time.sleep(0.5)  # the server's zero-copy send is now blocked on this socket
+        started = time.monotonic()
+        assert node.stop() == 0
+        # The send thread was stopped at the drain deadline, not left polling for 30 s.
+        assert time.monotonic() - started < 10
 
 
 class _Zeros:
