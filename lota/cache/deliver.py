@@ -18,14 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from lota.cache.fill import ChunkFill, Filler
-from lota.cache.store import CachedObject
+from lota.cache.store import CachedObject, read_resident
 from lota.metrics import Metrics
 from lota.regions.origin import OriginClient
 from lota.s3.errors import OriginError
 
 PIECE = 1024 * 1024
-# A read this small from a chunk file (page cache or NVMe: tens of microseconds) costs less
-# than handing it to a thread; larger ones go to the executor or to sendfile.
+# A read this small costs less on the event loop than handed to a thread, when the page
+# cache holds it (see read_resident); larger ones and cold ones go to the executor.
 INLINE_READ = 256 * 1024
 # Below this, one pread + write costs less than a hand-off to a sendfile thread.
 SENDFILE_MIN = 1024 * 1024
@@ -69,10 +69,12 @@ class Deliverer:
             hi = min(last + 1, (index + 1) * cs) - index * cs
             await self._chunk(request, response, origin, obj, index, lo, hi, last_chunk)
 
-    async def read_cached(self, obj: CachedObject, first: int, last: int) -> bytes | None:
+    async def read_cached(
+        self, obj: CachedObject, first: int, last: int
+    ) -> bytes | bytearray | None:
         """Bytes first..last of `obj` (a small range) if the store holds all of them, read
-        inline; None if any chunk is missing or fails its check (then :meth:`send`, which
-        refetches, takes over)."""
+        on the loop from the page cache or else on a thread; None if any chunk is missing
+        or fails its check (then :meth:`send`, which refetches, takes over)."""
         cs = self.chunk_size
         pieces = []
         for index in range(first // cs, last // cs + 1):
@@ -87,16 +89,19 @@ class Deliverer:
         self._metrics.cache_bytes.labels("hit").inc(last - first + 1)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    async def _read_cold(self, obj: CachedObject, index: int, lo: int, count: int) -> bytes | None:
+    async def _read_cold(
+        self, obj: CachedObject, index: int, lo: int, count: int
+    ) -> bytes | bytearray | None:
         """Like :meth:`CacheStore.read_hot` for a chunk not read since start-up (opened,
-        and verified if the policy says so, first); None if it is missing or unreadable."""
+        and verified if the policy says so, first) or not in the page cache; None if it is
+        missing or unreadable."""
         if not self.store.has_chunk(obj, index):
             return None
         reader = await self.store.open_chunk(obj, index)
         if reader is None:
             return None
         try:
-            data = os.pread(reader.fd, count, lo)
+            data = await _pread(reader.fd, count, lo)
         except OSError:
             data = b""
         finally:
@@ -152,7 +157,6 @@ class Deliverer:
 
     async def _follow(self, response: web.StreamResponse, fill: ChunkFill, lo: int, hi: int) -> int:
         """Stream what `fill` writes from `lo` on; return how far it got before it ended."""
-        loop = asyncio.get_running_loop()
         fd: int | None = None
         try:
             while lo < hi:
@@ -167,10 +171,7 @@ class Deliverer:
                                 await fill.wait()
                             return lo
                     count = min(fill.written, hi, lo + PIECE) - lo
-                    if count <= INLINE_READ:
-                        data = os.pread(fd, count, lo)
-                    else:
-                        data = await loop.run_in_executor(None, os.pread, fd, count, lo)
+                    data = await _pread(fd, count, lo)
                     if not data:
                         return lo
                     await response.write(data)
@@ -222,10 +223,7 @@ class Deliverer:
             while count > 0:
                 size = min(count, PIECE)
                 try:
-                    if size <= INLINE_READ:
-                        data = os.pread(fd, size, offset)
-                    else:
-                        data = await loop.run_in_executor(None, os.pread, fd, size, offset)
+                    data = await _pread(fd, size, offset)
                 except OSError as exc:
                     raise ChunkUnreadable(f"cannot read chunk file: {exc}") from exc
                 if not data:
@@ -254,6 +252,14 @@ class Deliverer:
                 await asyncio.wait({sending})
             os.close(out)
         writer.output_size += count
+
+
+async def _pread(fd: int, count: int, offset: int) -> bytes | bytearray:
+    """Like ``os.pread``: on the event loop if small and in the page cache, else on a
+    thread, so a cold or failing drive never stalls the loop."""
+    if count <= INLINE_READ and (data := read_resident(fd, count, offset)) is not None:
+        return data
+    return await asyncio.get_running_loop().run_in_executor(None, os.pread, fd, count, offset)
 
 
 def _sendfile(out: int, fd: int, offset: int, count: int) -> None:

@@ -193,6 +193,24 @@ class _Chunk:
         self.last_access = 0.0
 
 
+_RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+
+
+def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
+    """`count` bytes at `offset` of a file if the page cache holds all of them, read
+    without blocking (``RWF_NOWAIT``): safe on the event loop. None when any are not
+    resident, the file is shorter, or the read fails; then the caller reads on a thread,
+    where a cold or failing drive stalls nobody and errors are handled."""
+    if _RWF_NOWAIT is None:
+        return None
+    data = bytearray(count)
+    try:
+        got = os.preadv(fd, (data,), offset, _RWF_NOWAIT)
+    except OSError:  # EAGAIN: not resident; EOPNOTSUPP: not on this file system; EIO...
+        return None
+    return data if got == count else None
+
+
 def _fingerprint(chunk: _Chunk) -> int:
     """The chunk's name, for the eviction ghost: a chunk filled again after its eviction is
     a new _Chunk, but the same name."""
@@ -639,20 +657,21 @@ class CacheStore:
 
     # Chunks
 
-    def read_hot(self, obj: CachedObject, index: int, offset: int, count: int) -> bytes | None:
+    def read_hot(
+        self, obj: CachedObject, index: int, offset: int, count: int
+    ) -> bytes | bytearray | None:
         """`count` bytes at `offset` of chunk `index` if it is hot (read since start-up,
-        checked, its descriptor still open), read at once on the calling thread; else None,
-        and :meth:`open_chunk` is the way. Nothing can close the descriptor meanwhile: that
-        only happens on the event loop, which this call holds."""
+        checked, its descriptor still open) and the bytes are in the page cache, read at
+        once without blocking; else None, and :meth:`open_chunk` is the way. Nothing can
+        close the descriptor meanwhile: that only happens on the event loop, which this
+        call holds."""
         chunk = obj.chunks.get(index) if obj.alive and self._ready else None
         if chunk is None or chunk.fd < 0 or self._digest_to_check(chunk) is not None:
             return None
-        try:
-            data = os.pread(chunk.fd, count, offset)
-        except OSError:
-            data = b""
-        if len(data) != count:
-            self.drop_unreadable(obj, index)
+        data = read_resident(chunk.fd, count, offset)
+        if data is None:
+            if os.fstat(chunk.fd).st_size < chunk.length:  # cut short: never serve it
+                self.drop_unreadable(obj, index)
             return None
         self._open_fds.move_to_end(chunk)
         self._touch(chunk)

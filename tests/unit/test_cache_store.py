@@ -447,6 +447,21 @@ async def test_hot_chunks_are_read_inline_and_short_ones_dropped(make_store: Mak
     assert store.read_hot(obj, 0, 0, 10) is None
 
 
+async def test_bytes_not_in_the_page_cache_are_not_read_inline(make_store: MakeStore) -> None:
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    assert await read(store, obj, 2) == content(obj.meta, 2)
+    assert store.read_hot(obj, 2, 0, 100) is not None
+    fd = os.open(chunk_path(store._dirs[obj.chunks[2].dir], obj.stem, 2), os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # as if evicted by other reads
+    finally:
+        os.close(fd)
+    assert store.read_hot(obj, 2, 0, 100) is None  # a drive read: not on the event loop
+    assert await read(store, obj, 2) == content(obj.meta, 2)
+
+
 async def test_concurrent_first_reads_share_one_verification(make_store: MakeStore) -> None:
     store = await make_store()
     obj = await store.admit(meta())
