@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -359,7 +360,7 @@ class SQLiteCatalog(Catalog):
         conn = self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = _switch_to_wal(conn, timeout)
         if mode != "wal":
             raise CatalogError(f"catalog {self.path}: SQLite cannot use WAL here ({mode})")
         conn.execute("PRAGMA synchronous = FULL")
@@ -439,3 +440,17 @@ class SQLiteCatalog(Catalog):
         event_id = conn.execute(sql, (now, kind, bucket, key, seq, self.node)).lastrowid
         assert event_id is not None
         return event_id
+
+
+def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> str:
+    """``PRAGMA journal_mode = WAL``, retried for up to `timeout` seconds: when processes
+    open a new catalog at once, the switch can fail with "database is locked" straight
+    away, without waiting on the busy timeout. Returns the mode now in force."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
