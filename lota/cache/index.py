@@ -158,11 +158,12 @@ class Index:
                 await asyncio.sleep(1.0)
 
     async def flush(self) -> None:
-        """Commit everything queued so far."""
+        """Commit everything queued so far. Cancelling the caller does not cancel the
+        commit (the changes are off the queue); a later flush or close() runs after it."""
         ops, self._ops = self._ops, []
         self._queued.clear()
         self._full.clear()
-        self.bytes = await self._call(self._commit, ops)
+        self.bytes = await asyncio.shield(self._call(self._commit, ops))
 
     async def backpressure(self) -> None:
         """Wait for a commit when far more changes are queued than one batch holds."""

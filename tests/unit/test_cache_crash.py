@@ -217,6 +217,25 @@ async def test_index_row_is_committed_only_after_the_rename(
     assert rows(dirs[0]) == 1
 
 
+async def test_a_batch_whose_commit_a_stop_cancels_is_still_committed(dirs: list[Path]) -> None:
+    """At close the store cancels the index's commit task; a batch already taken off the
+    queue, its commit waiting for the index thread, must not be lost with it."""
+    dirs[0].mkdir()
+    index = Index(str(dirs[0] / "index.sqlite"), chunk_size=CS, dirs=[str(dirs[0])], batch_delay=0)
+    await index.open()
+    gate = threading.Event()
+    busy = index._call(gate.wait, 10)  # the index thread is busy: the next commit waits
+    committer = asyncio.create_task(index.run())
+    index.put_chunk(new_stem("b", "k", "e", ""), 0, 0, CS, 1)
+    await asyncio.sleep(0.05)
+    assert index.pending == 0  # taken off the queue
+    committer.cancel()
+    gate.set()
+    await asyncio.gather(committer, busy, return_exceptions=True)
+    await index.close()
+    assert rows(dirs[0]) == 1
+
+
 def rows(root: Path) -> int:
     with sqlite3.connect(root / "index.sqlite") as conn:
         count: int = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
