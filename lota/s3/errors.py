@@ -19,6 +19,7 @@ has exactly one status. Foreign exceptions are translated once, where they enter
 
 from __future__ import annotations
 
+import re
 from xml.sax.saxutils import escape
 
 # S3 error code -> HTTP status, from the S3 API reference "List of error codes".
@@ -83,16 +84,37 @@ class S3Error(LotaError):
     def to_xml(self, request_id: str = "") -> bytes:
         parts = [
             '<?xml version="1.0" encoding="UTF-8"?>\n<Error>',
-            f"<Code>{escape(self.code)}</Code>",
-            f"<Message>{escape(self.message)}</Message>",
+            f"<Code>{_text(self.code)}</Code>",
+            f"<Message>{_text(self.message)}</Message>",
         ]
         if self.resource:
-            parts.append(f"<Resource>{escape(self.resource)}</Resource>")
-        parts.extend(f"<{k}>{escape(v)}</{k}>" for k, v in self.extra.items())
+            parts.append(f"<Resource>{_text(self.resource)}</Resource>")
+        parts.extend(f"<{k}>{_text(v)}</{k}>" for k, v in self.extra.items())
         if request_id:
-            parts.append(f"<RequestId>{escape(request_id)}</RequestId>")
+            parts.append(f"<RequestId>{_text(request_id)}</RequestId>")
         parts.append("</Error>")
         return "".join(parts).encode()
+
+
+# Characters XML 1.0 cannot carry, not even as references: controls, lone surrogates (raw
+# path bytes that are not UTF-8), U+FFFE and U+FFFF.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _text(value: str) -> str:
+    """`value` as XML element text. What XML cannot carry is shown as the client sent it,
+    percent-encoded (a control character, a byte that is not UTF-8), or else as U+FFFD:
+    an error echoing a strange request path must still parse."""
+    return escape(_NOT_XML.sub(_visible, value))
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    if code < 0x20:
+        return f"%{code:02X}"
+    if 0xDC80 <= code <= 0xDCFF:  # a byte decoded with surrogateescape
+        return f"%{code - 0xDC00:02X}"
+    return "\ufffd"
 
 
 class OriginError(LotaError):

@@ -13,7 +13,7 @@ import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lota.devtools import PRINCIPALS, LotaProcess
@@ -285,6 +285,9 @@ _header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=
     body=st.binary(max_size=300),
     sign=st.booleans(),
 )
+# Found by CI: an error echoing a control character in the path was not well-formed XML.
+@example(method="GET", path="/%00", headers={}, body=b"", sign=False)
+@example(method="GET", path="/b/%ff%01", headers={}, body=b"", sign=False)
 def test_random_requests_never_get_a_500(
     lota: LotaProcess, method: str, path: str, headers: dict[str, str], body: bytes, sign: bool
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -52,3 +53,18 @@ def test_an_unreadable_upload_id_is_no_such_upload(upload_id: str) -> None:
 def test_upload_ids_round_trip() -> None:
     upload_id = encode_upload_id("lota-staging/k", "u-1", {"Content-Type": "text/plain"})
     assert decode_upload_id(upload_id) == ("lota-staging/k", "u-1", {"content-type": "text/plain"})
+
+
+def test_an_error_echoing_what_xml_cannot_carry_still_parses() -> None:
+    """A request path may hold control characters (``/%00``) and bytes that are not UTF-8;
+    the error that echoes it is still well-formed XML, and says what was sent."""
+    error = S3Error(
+        "InvalidBucketName",
+        "The specified bucket is not valid: \x01",
+        resource="/\x00/\udcff\ufffe&<",
+        extra={"BucketName": "\x1f"},
+    )
+    root = ET.fromstring(error.to_xml("R1"))
+    assert root.findtext("Resource") == "/%00/%FF\ufffd&<"
+    assert root.findtext("Message") == "The specified bucket is not valid: %01"
+    assert root.findtext("BucketName") == "%1F"
