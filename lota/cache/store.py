@@ -323,9 +323,11 @@ class ChunkWriter:
         self._hasher.update(data)
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        # Shielded: a cancelled caller does not cancel the call, which owns the descriptor
+        # (publish closes it); the cleanup waits for the call instead (see _discard).
         cf = self._busy = self._store._io.submit(fn, *args)
         try:
-            return await asyncio.wrap_future(cf)
+            return await asyncio.shield(asyncio.wrap_future(cf))
         except asyncio.CancelledError:
             self._discard()
             raise

@@ -217,6 +217,40 @@ async def test_index_row_is_committed_only_after_the_rename(
     assert rows(dirs[0]) == 1
 
 
+async def test_a_commit_cancelled_before_its_publish_ran_leaves_no_descriptor_or_file(
+    dirs: list[Path], make_store: MakeStore
+) -> None:
+    """A stop cancels fills mid-commit; the publish waiting for an I/O thread owns the temp
+    file's descriptor, so it still runs, and the cleanup after it removes every file."""
+    gate = threading.Event()
+
+    class BusyWrites(ChunkFiles):
+        def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+            if data[:1] == b"x":
+                gate.wait(10)
+            super().write(fd, data)
+
+    store = await make_store(files=BusyWrites(), io_threads=1)
+    obj = await store.admit(ObjectMeta("b", "k", "e", 2 * CS, "", ()))
+    descriptors = len(os.listdir("/proc/self/fd"))
+    first, second = await store.begin_chunk(obj, 0), await store.begin_chunk(obj, 1)
+    assert first is not None and second is not None
+    await first.write(expected("k", 0, 2 * CS))
+    blocker = asyncio.create_task(second.write(b"x" * CS))  # holds the only I/O thread
+    commit = asyncio.create_task(first.commit())
+    await asyncio.sleep(0.05)
+    commit.cancel()
+    gate.set()
+    await asyncio.gather(commit, return_exceptions=True)
+    await blocker
+    await second.commit()
+    await store.flush()
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+    assert sorted(obj.chunks) == [1]
+    assert [p.name for p in chunk_files(*dirs)] == [Path(store._path(obj.chunks[1])).name]
+    assert store.stats()["reserved_bytes"] == 0
+
+
 async def test_a_batch_whose_commit_a_stop_cancels_is_still_committed(dirs: list[Path]) -> None:
     """At close the store cancels the index's commit task; a batch already taken off the
     queue, its commit waiting for the index thread, must not be lost with it."""
