@@ -14,15 +14,18 @@ import hashlib
 import os
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from lota.regions.origin import OriginClient
 from lota.s3.errors import OriginError, S3Error
 
 STAGING_PREFIX = "lota-staging/"
 READ_SIZE = 256 * 1024
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,11 +279,13 @@ async def _write_file(path: Path, body: AsyncIterator[bytes]) -> None:
     or absent, and once this returns (the write is acknowledged) it survives power loss."""
     created = await asyncio.to_thread(_make_dirs, path.parent)
     temp = path.with_suffix(".tmp")
-    fd = await asyncio.to_thread(os.open, temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = await _to_thread(
+        os.open, temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, on_orphan=os.close
+    )
     try:
         async for piece in body:
-            await asyncio.to_thread(_write_all, fd, piece)
-        await asyncio.to_thread(os.fsync, fd)
+            await _to_thread(_write_all, fd, piece)
+        await _to_thread(os.fsync, fd)
     except BaseException:
         os.close(fd)
         await asyncio.to_thread(_unlink, temp)
@@ -289,6 +294,22 @@ async def _write_file(path: Path, body: AsyncIterator[bytes]) -> None:
     await asyncio.to_thread(os.rename, temp, path)
     for directory in (path.parent, *(d.parent for d in created)):
         await asyncio.to_thread(_fsync_dir, directory)
+
+
+async def _to_thread(
+    fn: Callable[..., T], *args: Any, on_orphan: Callable[[T], Any] | None = None
+) -> T:
+    """Like ``asyncio.to_thread``, but a cancelled caller waits for the call to end: the
+    caller closes the descriptor the call writes to, and a number closed under a running
+    write may be another file's by then. `on_orphan` gets the result the caller missed."""
+    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait({job})
+        if on_orphan is not None and not job.cancelled() and job.exception() is None:
+            on_orphan(job.result())
+        raise
 
 
 def _make_dirs(directory: Path) -> list[Path]:
