@@ -67,6 +67,10 @@ def cacheable(target: Target, headers: Mapping[str, str]) -> bool:
     return not any(name in headers for name in _SSE_C_HEADERS)
 
 
+class ObjectChanged(Exception):
+    """The origin's object is no longer the one the cache entry describes."""
+
+
 class ReadPath:
     """Answers cacheable GET and HEAD requests."""
 
@@ -265,7 +269,12 @@ class ReadPath:
         """Byte range of part `part`, learnt once from the origin and kept in the entry."""
         known = {number: (first, last) for number, first, last in obj.meta.parts}
         if part not in known:
-            learnt, parts_count = await self._learn_part(origin, obj.meta, part, known)
+            try:
+                learnt, parts_count = await self._learn_part(origin, obj.meta, part, known)
+            except ObjectChanged as exc:
+                # The entry is older than the origin's object: the client's retry refetches.
+                await self.store.invalidate(obj.meta.bucket, obj.meta.key)
+                raise OriginError(str(exc)) from exc
             m = obj.meta
             headers = m.headers
             if parts_count and not any(n == "x-amz-mp-parts-count" for n, _ in headers):
@@ -279,7 +288,12 @@ class ReadPath:
     async def _learn_part(
         self, origin: OriginClient, m: ObjectMeta, part: int, known: dict[int, tuple[int, int]]
     ) -> tuple[dict[int, tuple[int, int]], str]:
-        """Ask the origin where part `part` lies (and, without Content-Range, the parts before)."""
+        """Ask the origin where part `part` lies (and, without Content-Range, the parts before).
+
+        Whether the object is still the entry's is checked by its size only: S3 answers with
+        a Content-Range over the object, but with the part's own ETag and Last-Modified in
+        some implementations (moto: and no Content-Range). Raises ObjectChanged when the
+        parts do not fit the entry's size; bytes are fetched with If-Match anyway."""
         learnt: dict[int, tuple[int, int]] = {}
         lengths: dict[int, int] = {n: last - first + 1 for n, (first, last) in known.items()}
         parts_count = ""
@@ -295,16 +309,19 @@ class ReadPath:
                         "The requested partnumber is not satisfiable",
                         status=416,
                     )
-                if reply.headers.get("last-modified", m.last_modified) != m.last_modified:
-                    raise OriginError("the object changed while its parts were looked up")
                 parts_count = parts_count or reply.headers.get("x-amz-mp-parts-count", "")
                 span = _content_range(reply.headers.get("content-range", ""))
                 lengths[number] = int(reply.headers.get("content-length", "0"))
             if span is not None:
-                learnt[number] = span
+                first, last, total = span
+                if total != m.size:
+                    raise ObjectChanged(f"{m!r} changed at the origin (part {number})")
+                learnt[number] = (first, last)
                 if number == part:
                     return learnt, parts_count
         offset = sum(lengths[n] for n in range(1, part))
+        if offset + lengths[part] > m.size:
+            raise ObjectChanged(f"{m!r} changed at the origin: its parts outgrow it")
         learnt[part] = (offset, offset + lengths[part] - 1)
         return learnt, parts_count
 
@@ -411,12 +428,12 @@ def _part_number(target: Target) -> int | None:
     return int(value)
 
 
-def _content_range(value: str) -> tuple[int, int] | None:
-    """``bytes 0-99/1000`` -> (0, 99); None when absent or unreadable."""
+def _content_range(value: str) -> tuple[int, int, int] | None:
+    """``bytes 0-99/1000`` -> (0, 99, 1000); None when absent or unreadable."""
     try:
-        span = value.split(" ", 1)[1].split("/", 1)[0]
+        span, total = value.split(" ", 1)[1].split("/", 1)
         first, last = span.split("-", 1)
-        return int(first), int(last)
+        return int(first), int(last), int(total)
     except (IndexError, ValueError):
         return None
 

@@ -210,28 +210,49 @@ def test_small_and_streamed_hits_carry_the_same_headers(
     assert over["ContentType"] == "text/x-over" and over["Body"].read() == small_object
 
 
+def _multipart(origin_s3: Any, bucket: str, key: str, sizes: list[int]) -> list[bytes]:
+    """An object uploaded in parts of `sizes`, a second apart: in moto, a part request
+    answers with the part's own Last-Modified, not the object's."""
+    upload = origin_s3.create_multipart_upload(Bucket=bucket, Key=key)
+    parts, blobs = [], []
+    for number, size in enumerate(sizes, 1):
+        if number > 1:
+            time.sleep(1.05)
+        blob = os.urandom(size)
+        blobs.append(blob)
+        etag = origin_s3.upload_part(
+            Bucket=bucket, Key=key, PartNumber=number, UploadId=upload["UploadId"], Body=blob
+        )["ETag"]
+        parts.append({"PartNumber": number, "ETag": etag})
+    origin_s3.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
+    )
+    return blobs
+
+
 def test_part_number_reads_are_served_from_the_cache(
     node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
 ) -> None:
     node = node_factory()
     s3 = client_for(node.url)
-    upload = origin_s3.create_multipart_upload(Bucket=bucket, Key="mp")
-    parts, blobs = [], []
-    for number in (1, 2):
-        blob = os.urandom(5 * MiB + number)
-        blobs.append(blob)
-        etag = origin_s3.upload_part(
-            Bucket=bucket, Key="mp", PartNumber=number, UploadId=upload["UploadId"], Body=blob
-        )["ETag"]
-        parts.append({"PartNumber": number, "ETag": etag})
-    origin_s3.complete_multipart_upload(
-        Bucket=bucket, Key="mp", UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
-    )
+    blobs = _multipart(origin_s3, bucket, "mp", [5 * MiB + 1, 5 * MiB + 2])
     assert _get(s3, bucket, "mp")[0] == b"".join(blobs)
     got = s3.get_object(Bucket=bucket, Key="mp", PartNumber=2)
     assert got["Body"].read() == blobs[1]
     assert got["PartsCount"] == 2
     assert len(recorder.requests("GET", f"/{bucket}/mp")) == 1
+
+
+def test_a_part_read_after_the_origin_replaced_the_parts_gets_the_new_part(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory(revalidate_after="1h")
+    s3 = client_for(node.url)
+    old = _multipart(origin_s3, bucket, "mp", [5 * MiB + 1, 5 * MiB + 2])
+    assert _get(s3, bucket, "mp")[0] == b"".join(old)
+    new = _multipart(origin_s3, bucket, "mp", [5 * MiB + 10, 5 * MiB + 20])
+    got = s3.get_object(Bucket=bucket, Key="mp", PartNumber=2)  # boto3 retries the 503
+    assert got["Body"].read() == new[1]
 
 
 def test_32_concurrent_cold_readers_share_one_origin_fetch(
