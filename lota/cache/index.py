@@ -163,7 +163,18 @@ class Index:
         ops, self._ops = self._ops, []
         self._queued.clear()
         self._full.clear()
-        self.bytes = await asyncio.shield(self._call(self._commit, ops))
+        commit = self._call(self._commit, ops)
+        try:
+            self.bytes = await asyncio.shield(commit)
+        except asyncio.CancelledError:
+            commit.add_done_callback(self._orphan_done)
+            raise
+
+    def _orphan_done(self, commit: asyncio.Future[int]) -> None:
+        """A commit whose caller was cancelled: nobody else would hear that it failed."""
+        if not commit.cancelled() and (exc := commit.exception()) is not None:
+            self.errors += 1
+            log.error("cache index commit failed", exc_info=exc)
 
     async def backpressure(self) -> None:
         """Wait for a commit when far more changes are queued than one batch holds."""

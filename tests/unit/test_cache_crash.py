@@ -270,6 +270,31 @@ async def test_a_batch_whose_commit_a_stop_cancels_is_still_committed(dirs: list
     assert rows(dirs[0]) == 1
 
 
+async def test_a_commit_failing_after_its_caller_was_cancelled_is_counted(
+    dirs: list[Path],
+) -> None:
+    class Failing(Index):
+        def _commit(self, ops: list[Any]) -> int:
+            if ops:
+                raise OSError("disk gone")
+            return super()._commit(ops)
+
+    dirs[0].mkdir()
+    index = Failing(str(dirs[0] / "index.sqlite"), chunk_size=CS, dirs=[str(dirs[0])])
+    await index.open()
+    gate = threading.Event()
+    busy = index._call(gate.wait, 10)
+    index.put_chunk(new_stem("b", "k", "e", ""), 0, 0, CS, 1)
+    flush = asyncio.create_task(index.flush())
+    await asyncio.sleep(0.05)
+    flush.cancel()
+    gate.set()
+    await asyncio.gather(flush, busy, return_exceptions=True)
+    await asyncio.sleep(0.05)
+    assert index.errors == 1
+    await index.close()
+
+
 def rows(root: Path) -> int:
     with sqlite3.connect(root / "index.sqlite") as conn:
         count: int = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
