@@ -455,10 +455,18 @@ async def test_bytes_not_in_the_page_cache_are_not_read_inline(make_store: MakeS
     assert store.read_hot(obj, 2, 0, 100) is not None
     fd = os.open(chunk_path(store._dirs[obj.chunks[2].dir], obj.stem, 2), os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # as if evicted by other reads
+        # Evicted as if by other reads, read_hot leaves the drive read to a thread. The
+        # kernel may keep pages it holds for a moment (per-CPU LRU batches), and those
+        # are rightly read inline: evict again until they are gone.
+        for _ in range(100):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if store.read_hot(obj, 2, 0, 100) is None:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("read_hot read the chunk inline after each of 100 evictions")
     finally:
         os.close(fd)
-    assert store.read_hot(obj, 2, 0, 100) is None  # a drive read: not on the event loop
     assert await read(store, obj, 2) == content(obj.meta, 2)
 
 
