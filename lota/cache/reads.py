@@ -32,7 +32,7 @@ from lota.metrics import Metrics
 from lota.regions.origin import OriginClient
 from lota.s3 import conditions
 from lota.s3.addressing import Target
-from lota.s3.errors import OriginError, S3Error
+from lota.s3.errors import OriginError, S3Error, s3_error
 from lota.s3.ranges import content_range, parse_range
 
 log = logging.getLogger("lota.cache")
@@ -274,7 +274,10 @@ class ReadPath:
             except ObjectChanged as exc:
                 # The entry is older than the origin's object: the client's retry refetches.
                 await self.store.invalidate(obj.meta.bucket, obj.meta.key)
-                raise OriginError(str(exc)) from exc
+                raise s3_error(
+                    "ServiceUnavailable",
+                    "The object changed at the origin while its parts were looked up; retry.",
+                ) from exc
             m = obj.meta
             headers = m.headers
             if parts_count and not any(n == "x-amz-mp-parts-count" for n, _ in headers):
