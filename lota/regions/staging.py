@@ -124,7 +124,10 @@ class Staging:
                 yield piece
             return
         origin = self._origins[location.region_or_node]
-        headers = {"range": f"bytes={first}-{'' if last is None else last}"}
+        headers = {}
+        if first or last is not None:
+            # Not for the whole object: S3 answers "bytes=0-" on an empty one with 416.
+            headers["range"] = f"bytes={first}-{'' if last is None else last}"
         async with origin.request("GET", location.bucket, location.key, headers=headers) as r:
             if r.status not in (200, 206):
                 raise OriginError(f"staged object unreadable: {r.status}")

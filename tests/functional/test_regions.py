@@ -3,6 +3,7 @@ one per region, sharing one catalog: SQLite and a real PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import threading
@@ -15,6 +16,8 @@ from typing import Any
 import boto3
 import pytest
 
+from lota.catalog import CatalogObject, open_catalog
+from lota.clock import Clock
 from lota.devtools import LotaProcess
 from lota.embedded import moto_server
 from tests.conftest import client_for
@@ -44,6 +47,17 @@ class TwoRegions:
     origin_b: Any
     link_b: RecordingProxy  # region B's origin, as both nodes reach it
     start: Callable[[str], LotaProcess]
+    catalog: str = ""  # the shared catalog's URL, to read it as an observer
+
+    def catalog_rows(self, keys: list[str]) -> list[CatalogObject | None]:
+        async def read() -> list[CatalogObject | None]:
+            catalog = await open_catalog(self.catalog, clock=Clock(), node="test")
+            try:
+                return [await catalog.get_object(FAR, key) for key in keys]
+            finally:
+                await catalog.close()
+
+        return asyncio.run(read())
 
     def wait_migrated(self, key: str, timeout: float = 30.0) -> bytes:
         deadline = time.monotonic() + timeout
@@ -106,7 +120,8 @@ def regions(
             return node
 
         try:
-            yield TwoRegions(start("us-east"), start("eu-west"), origin_a, origin_b, link_b, start)
+            a, b = start("us-east"), start("eu-west")
+            yield TwoRegions(a, b, origin_a, origin_b, link_b, start, catalog_for_regions)
         finally:
             for node in nodes:
                 node.kill()
@@ -366,3 +381,33 @@ def test_with_local_disk_staging_an_upload_never_lands_under_an_older_pending_wr
             assert home.get_object(Bucket="far", Key="ckpt")["Body"].read() == b"NEW"
         finally:
             node.kill()
+
+
+def test_zero_byte_writes_to_a_far_bucket_migrate_with_their_etag_and_metadata(
+    regions: TwoRegions,
+) -> None:
+    """Markers and ``_SUCCESS`` files are empty: S3 answers ``Range: bytes=0-`` on an empty
+    object with 416, which once kept every one of them pending ("failing") for good."""
+    s3a = client_for(regions.a.url)
+    empty_etag = f'"{hashlib.md5(b"").hexdigest()}"'
+    keys = [f"job/{i}/_SUCCESS" for i in range(6)] + [f"markers/{i}/" for i in range(6)]
+    for key in keys:
+        put = s3a.put_object(Bucket=FAR, Key=key, Body=b"", Metadata={"kind": "marker"})
+        assert put["ETag"] == empty_etag
+    # A copy of a pending empty object reads its staged copy too.
+    source = {"Bucket": FAR, "Key": keys[0]}
+    copied = s3a.copy_object(Bucket=FAR, Key="job/copy", CopySource=source)
+    assert copied["CopyObjectResult"]["ETag"] == empty_etag
+    for key in [*keys, "job/copy"]:
+        assert regions.wait_migrated(key) == b""
+        home = regions.origin_b.head_object(Bucket=FAR, Key=key)
+        assert home["ETag"] == empty_etag and home["Metadata"] == {"kind": "marker"}
+    deadline = time.monotonic() + 15
+    while any(r is None or r.pending for r in regions.catalog_rows([*keys, "job/copy"])):
+        assert time.monotonic() < deadline, "still pending in the catalog"
+        time.sleep(0.2)
+    logs = regions.a.log_tail(1000) + regions.b.log_tail(1000)
+    ours = (f"{FAR}/job/", f"{FAR}/markers/")
+    assert [
+        line for line in logs.splitlines() if "failed" in line and any(k in line for k in ours)
+    ] == []
