@@ -14,7 +14,7 @@ from typing import Any
 
 from lota import config as configuration
 from lota import logs
-from lota.config import Config, ConfigError
+from lota.config import Config, ConfigError, StartupError
 
 log = logging.getLogger("lota.cli")
 
@@ -30,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.command(args))
     except ConfigError as exc:
         print(f"lota: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except StartupError as exc:
+        print(f"lota: {exc}", file=sys.stderr)
         return 2
 
 

@@ -46,6 +46,11 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message says which setting and why."""
 
 
+class StartupError(Exception):
+    """LOTA cannot start: the message is the whole line ``lota`` prints (after ``lota: ``)
+    before it exits with status 2, e.g. a cache directory another process holds."""
+
+
 def parse_size(value: str | int) -> int:
     """``"10GiB"`` -> 10737418240. Plain integers are bytes."""
     if isinstance(value, int) and not isinstance(value, bool):

@@ -37,11 +37,11 @@ from lota.auth.body import BodyDecoder, make_decoder
 from lota.auth.sigv4 import RequestView
 from lota.cache.fill import Filler
 from lota.cache.reads import ReadPath, cacheable
-from lota.cache.store import CacheStore
+from lota.cache.store import CacheError, CacheStore
 from lota.cache.warm import warm
 from lota.catalog import Catalog, CatalogUnavailable, EventKind, PendingSummary, open_catalog
 from lota.clock import Clock
-from lota.config import Config, ConfigError
+from lota.config import Config, ConfigError, StartupError
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.lifecycle.state import LifecycleState
@@ -136,10 +136,14 @@ class Node:
             self.metrics,
             self.config.body_timeout,
         )
-        if self.config.cache.dirs:
-            await self._open_cache()
-        if self.config.write.catalog:
-            await self._open_catalog(origins)
+        try:
+            if self.config.cache.dirs:
+                await self._open_cache()
+            if self.config.write.catalog:
+                await self._open_catalog(origins)
+        except BaseException:
+            await self.__aexit__(None, None, None)  # close what did open (the session...)
+            raise
         self.ready = True
         return self
 
@@ -186,7 +190,7 @@ class Node:
 
     async def _open_cache(self) -> None:
         c = self.config.cache
-        self.store = CacheStore(
+        store = CacheStore(
             c.dirs,
             c.size,
             c.chunk_size,
@@ -198,7 +202,11 @@ class Node:
             high_watermark=c.high_watermark,
             low_watermark=c.low_watermark,
         )
-        await self.store.open()
+        try:
+            await store.open()
+        except CacheError as exc:  # a dir in use or unusable: nothing to serve without it
+            raise StartupError(str(exc)) from exc
+        self.store = store
         # The index just loaded is long-lived: keep the collector from rescanning it.
         gc.freeze()
         self.metrics.watch_store(self.store)

@@ -9,7 +9,9 @@ demand in a test without mounting file systems.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterable
 
@@ -19,10 +21,22 @@ from lota.cache.layout import DIR_BYTES
 
 _READ_BUFFER = 1024 * 1024
 _GONE = (errno.ENOENT, errno.ENOTDIR)
+LOCK_NAME = "lota.lock"
+"""In each cache directory: held (flock) by the one process that uses the directory."""
 
 
 class ChunkDamaged(Exception):
     """A chunk file does not hold the bytes its index row promises (length or digest)."""
+
+
+class DirLocked(Exception):
+    """Another process holds the lock of a cache directory; `holder` says which, as it
+    wrote it there ("pid 1234 on host h"), or "another process" if it has not yet."""
+
+    def __init__(self, lock: str, holder: str) -> None:
+        super().__init__(f"{lock} is held by {holder}")
+        self.lock = lock
+        self.holder = holder
 
 
 class ChunkFiles:
@@ -172,6 +186,26 @@ class ChunkFiles:
         os.makedirs(chunks, exist_ok=True)
         tops = _subdirs(chunks)
         return (2 + len(tops) + sum(len(_subdirs(top)) for top in tops)) * DIR_BYTES
+
+    def lock(self, root: str) -> int:
+        """Take the exclusive lock of `root` (creating ``lota.lock``) and write who holds
+        it; returns the descriptor, which holds the lock until it is closed (or the
+        process dies, even by ``kill -9``). Raises DirLocked if another process holds it,
+        OSError if the file cannot be created or written (a read-only drive)."""
+        path = os.path.join(root, LOCK_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
+                raise DirLocked(path, holder or "another process") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def tops(self, root: str) -> list[str]:
         """The first-level directories under ``<root>/chunks``, to scan one at a time."""

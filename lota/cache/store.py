@@ -58,7 +58,7 @@ from typing import Any, Literal, TypeVar
 import xxhash
 
 from lota.cache.eviction import S3FIFO
-from lota.cache.files import ChunkDamaged, ChunkFiles
+from lota.cache.files import ChunkDamaged, ChunkFiles, DirLocked
 from lota.cache.index import ChunkRow, Index, ObjectRow
 from lota.cache.layout import (
     BLOCK,
@@ -115,6 +115,11 @@ _YIELD_EVERY = 20_000
 
 class CacheError(LotaError):
     """The cache store cannot do what was asked; the read path serves without it."""
+
+
+class CacheDirInUse(CacheError):
+    """Another process holds a cache directory's lock: two stores on one directory would
+    evict each other's chunks and serve bytes that neither of them still has."""
 
 
 class CacheWriteError(CacheError):
@@ -422,6 +427,7 @@ class CacheStore:
         self._verifying: dict[_Chunk, asyncio.Future[None]] = {}
         self._pending: set[asyncio.Future[None]] = set()
         self._sick_until = [0.0] * len(self._dirs)
+        self._locks = [-1] * len(self._dirs)  # lock descriptors; -1: not ours, never used
         self._counts: Counter[str] = Counter()
         self._chunk_bytes = 0
         self._pinned_bytes = 0
@@ -436,16 +442,18 @@ class CacheStore:
     # Lifecycle
 
     async def open(self) -> None:
-        """Create the directories, load the index, start the sweep, scrub and commit tasks."""
+        """Create and lock the directories, load the index, start the sweep, scrub and
+        commit tasks. Raises CacheDirInUse if another process holds one of the dirs,
+        CacheError if the first one (which holds the index) is unusable."""
         started = time.perf_counter()
-        for d, root in enumerate(self._dirs):
-            await self._prepare(d, root)
         try:
-            await self._index.open()
-        except Exception as exc:  # sqlite3 or OSError: without an index there is no cache
-            await self._index.close()
+            for d, root in enumerate(self._dirs):
+                await self._prepare(d, root)
+            await self._open_index()
+        except BaseException:
+            self._unlock()
             self._io.shutdown(wait=True)
-            raise CacheError(f"cannot open the cache index {self._index.path}: {exc}") from exc
+            raise
         with _gc_paused():
             await self._load()
         self._ready = True
@@ -481,16 +489,37 @@ class CacheStore:
         try:
             await self._index.close()
         finally:
+            self._unlock()
             self._io.shutdown(wait=True)
 
     async def _prepare(self, d: int, root: str) -> None:
+        """Make the dir's layout and take its lock. Another dir than the first (which holds
+        the index) that cannot be used is left out until a restart: it holds no lock."""
         try:
             self._dir_bytes += await self._io_call(self._files.prepare, root)
+            self._locks[d] = await self._io_call(self._files.lock, root, on_orphan=os.close)
+        except DirLocked as exc:
+            raise CacheDirInUse(
+                f"cache directory {root} is in use by {exc.holder} (lock {exc.lock})"
+            ) from exc
         except OSError as exc:
             if d == 0:
-                self._io.shutdown(wait=True)
-                raise CacheError(f"cannot use cache dir {root}: {exc}") from exc
-            self._dir_failed(d, exc)
+                raise CacheError(f"cannot use cache directory {root}: {exc}") from exc
+            self._count("write_errors")
+            log.warning("cache dir %s is unusable (%s): not using it until restart", root, exc)
+
+    async def _open_index(self) -> None:
+        try:
+            await self._index.open()
+        except Exception as exc:  # sqlite3 or OSError: without an index there is no cache
+            await self._index.close()
+            raise CacheError(f"cannot open the cache index {self._index.path}: {exc}") from exc
+
+    def _unlock(self) -> None:
+        for d, fd in enumerate(self._locks):
+            if fd >= 0:
+                self._locks[d] = -1
+                os.close(fd)
 
     async def _load(self) -> None:
         shared: dict[str, Any] = {}  # equal strings and header sets, parsed and stored once
@@ -967,7 +996,8 @@ class CacheStore:
 
     def _healthy_dirs(self) -> list[int]:
         now = self._clock.time()
-        return [d for d, until in enumerate(self._sick_until) if until <= now]
+        locked = self._locks
+        return [d for d, until in enumerate(self._sick_until) if until <= now and locked[d] >= 0]
 
     def _dir_failed(self, d: int, exc: OSError) -> None:
         self._count("write_errors")

@@ -208,3 +208,75 @@ def test_serve_with_nothing_configured_starts_an_embedded_origin_and_prints_cred
         assert proc.wait(30) == 0
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def _serve_refused(origin: str, credentials: Path, *cache_dirs: Path) -> tuple[int, list[str]]:
+    """Run ``lota serve`` expecting it to refuse to start: (exit code, stderr lines). Logs
+    go to stderr too: at WARNING level, a clean start-up logs nothing before the cache."""
+    import os
+    import sys
+
+    dirs = [arg for d in cache_dirs for arg in ("--cache-dir", str(d))]
+    serve = [sys.executable, "-m", "lota", "serve", "--listen", "127.0.0.1:0"]
+    done = subprocess.run(
+        [*serve, "--origin", origin, "--credentials", str(credentials), *dirs],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LOTA_LOG_LEVEL": "WARNING"},
+    )
+    return done.returncode, done.stderr.splitlines()
+
+
+def test_a_second_lota_serve_on_a_cache_dir_in_use_refuses_to_start_naming_the_holder(
+    origin: str, credentials_file: Path, tmp_path: Path
+) -> None:
+    """Two processes on one cache directory evict each other's chunks and serve bytes
+    they no longer have: the second one must not start."""
+    import socket
+
+    held, spare = tmp_path / "cache", tmp_path / "spare"
+    first = LotaProcess(
+        ["--origin", origin, "--credentials", str(credentials_file), "--cache-dir", str(held)],
+        log_path=tmp_path / "lota.log",
+    ).start()
+    try:
+        assert first.proc is not None
+        holder = f"pid {first.proc.pid} on host {socket.gethostname()}"
+        expected = f"lota: cache directory {held} is in use by {holder} (lock {held}/lota.lock)"
+        assert _serve_refused(origin, credentials_file, held) == (2, [expected])
+        # Also when it is not the first of the dirs; the ones locked before it are let go.
+        assert _serve_refused(origin, credentials_file, spare, held) == (2, [expected])
+        with urllib.request.urlopen(first.url + "/_lota/readyz") as r:
+            assert r.status == 200
+    finally:
+        first.stop()
+    both = ["--cache-dir", str(spare), "--cache-dir", str(held)]
+    second = LotaProcess(
+        ["--origin", origin, "--credentials", str(credentials_file), *both],
+        log_path=tmp_path / "lota-2.log",
+    ).start()
+    second.stop()
+
+
+@pytest.mark.parametrize("kind", ["under a regular file", "on a read-only file system"])
+def test_a_cache_dir_that_cannot_be_created_or_written_is_one_line_and_exit_2(
+    kind: str, origin: str, credentials_file: Path, tmp_path: Path
+) -> None:
+    if kind == "under a regular file":
+        (tmp_path / "file").write_bytes(b"x")
+        cache = tmp_path / "file" / "cache"
+    else:
+        cache = tmp_path / "ro"
+        cache.mkdir()
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(cache)], check=True
+        )
+    try:
+        code, lines = _serve_refused(origin, credentials_file, cache)
+    finally:
+        if kind != "under a regular file":
+            subprocess.run(["umount", "-l", str(cache)], check=False)
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith(f"lota: cannot use cache directory {cache}: ")

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import os
 import random
+import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lota.cache.files import ChunkFiles
+from lota.cache.files import LOCK_NAME, ChunkFiles
 from lota.cache.layout import (
     blocks,
     chunk_count,
@@ -23,7 +24,14 @@ from lota.cache.layout import (
     parse_final,
     rank_dirs,
 )
-from lota.cache.store import CachedObject, CacheStore, CacheWriteError, ObjectMeta
+from lota.cache.store import (
+    CacheDirInUse,
+    CachedObject,
+    CacheError,
+    CacheStore,
+    CacheWriteError,
+    ObjectMeta,
+)
 from lota.clock import FakeClock
 
 CS = 64 * 1024
@@ -72,7 +80,10 @@ async def read(store: CacheStore, obj: CachedObject, index: int) -> bytes | None
 
 
 def files_under(*roots: Path) -> list[Path]:
-    return sorted(p for root in roots for p in root.rglob("*") if p.is_file())
+    """The cache's files: chunks, temp files, the index (not the dirs' lock files)."""
+    return sorted(
+        p for root in roots for p in root.rglob("*") if p.is_file() and p.name != LOCK_NAME
+    )
 
 
 def du(*roots: Path) -> int:
@@ -647,6 +658,45 @@ async def test_a_broken_dir_is_skipped(make_store: MakeStore, dirs: list[Path]) 
     await fill_all(store, obj)
     assert {c.dir for c in obj.chunks.values()} == {0}
     assert store.stats()["write_errors"] == 1
+
+
+async def test_a_second_store_on_a_locked_dir_is_refused_until_the_first_closes(
+    make_store: MakeStore, dirs: list[Path], clock: FakeClock
+) -> None:
+    first = await make_store()
+    holder = f"pid {os.getpid()} on host {socket.gethostname()}"
+    assert (dirs[1] / "lota.lock").read_text() == holder + "\n"
+    for order in (dirs, dirs[::-1]):  # the first dir or another one: refused either way
+        second = CacheStore([str(d) for d in order], 64 * CS, CS, clock=clock, scrub_interval=0)
+        with pytest.raises(CacheDirInUse, match=f"in use by {holder}"):
+            await second.open()
+    await first.close()
+    again = await make_store()  # nothing of the refused ones stayed locked
+    assert again.stats()["dirs_unhealthy"] == 0
+
+
+async def test_a_second_dir_unusable_at_start_is_never_used_unlocked_when_it_comes_back(
+    make_store: MakeStore, tmp_path: Path, clock: FakeClock
+) -> None:
+    (tmp_path / "file").write_bytes(b"x")
+    store = await make_store(dirs=[tmp_path / "nvme0", tmp_path / "file" / "nvme1"])
+    assert store.stats()["dirs_unhealthy"] == 1
+    (tmp_path / "file").unlink()  # the drive is back, but this process holds no lock on it
+    (tmp_path / "file" / "nvme1" / "chunks").mkdir(parents=True)
+    clock.advance(3600)
+    obj = await store.admit(meta(size=10 * CS))
+    await fill_all(store, obj)
+    assert {c.dir for c in obj.chunks.values()} == {0}
+    assert store.stats()["dirs_unhealthy"] == 1
+
+
+async def test_a_first_dir_unusable_at_start_is_an_error(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    """The first dir holds the index: without it there is no cache to open."""
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(CacheError, match=r"cannot use cache directory .*Not a directory"):
+        await make_store(dirs=[tmp_path / "file" / "nvme0", tmp_path / "nvme1"])
 
 
 async def test_entries_without_chunks_are_bounded(make_store: MakeStore) -> None:
