@@ -214,6 +214,7 @@ class StoreStats(Protocol):
     def budget(self) -> int: ...
 
     def stats(self) -> dict[str, int]: ...
+    def dir_stats(self) -> dict[str, dict[str, int]]: ...
 
 
 class _StoreCollector(Collector):
@@ -227,7 +228,31 @@ class _StoreCollector(Collector):
         "evictions": "Chunks evicted to stay under the budget",
         "corrupt": "Chunks that failed digest verification and were dropped",
         "write_errors": "Cache writes that failed (the drive is then rested for a while)",
+        "disk_full": "Cache writes that found their file system full (ENOSPC): that "
+        "directory's budget drops to what LOTA holds there",
         "read_errors": "Cache chunk reads that failed with an I/O error (chunk dropped)",
+    }
+
+    # Per cache directory (label "dir"), from dir_stats(); a free space not known yet is left out.
+    _DIR_GAUGES = {
+        "bytes_used": (
+            "lota_cache_dir_bytes_used",
+            "Bytes LOTA holds in this cache directory (chunks, fills in progress, the index)",
+        ),
+        "free_bytes": (
+            "lota_cache_dir_free_bytes",
+            "Free bytes of the file system holding this cache directory (checked every second)",
+        ),
+        "budget": (
+            "lota_cache_dir_budget_bytes",
+            "What this cache directory may hold: the cache budget, or less since its file "
+            "system filled up (ENOSPC) before it",
+        ),
+        "healthy": (
+            "lota_cache_dir_healthy",
+            "1 if this cache directory takes fills, 0 while it rests after an error "
+            "(or, unusable at start, until a restart)",
+        ),
     }
 
     def __init__(self, store: StoreStats) -> None:
@@ -247,6 +272,16 @@ class _StoreCollector(Collector):
             yield GaugeMetricFamily(f"lota_cache_{name}", help_text, stats.get(name, 0))
         for name, help_text in self._COUNTERS.items():
             yield CounterMetricFamily(f"lota_cache_{name}", help_text, stats.get(name, 0))
+        yield from self._per_dir()
+
+    def _per_dir(self) -> Iterator[Metric]:
+        dirs = self._store.dir_stats()
+        for key, (name, help_text) in self._DIR_GAUGES.items():
+            family = GaugeMetricFamily(name, help_text, labels=["dir"])
+            for root, values in dirs.items():
+                if values[key] >= 0:
+                    family.add_metric([root], values[key])
+            yield family
 
 
 class LifecycleObserver:

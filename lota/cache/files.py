@@ -200,16 +200,32 @@ class ChunkFiles:
             except BlockingIOError:
                 holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
                 raise DirLocked(path, holder or "another process") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+            _write_holder(fd)
         except BaseException:
             os.close(fd)
             raise
         return fd
 
+    @staticmethod
+    def space(root: str) -> tuple[int, int]:
+        """(bytes free for LOTA, device id) of the file system holding `root`."""
+        fs = os.statvfs(root)
+        return fs.f_bavail * fs.f_frsize, os.stat(root).st_dev
+
     def tops(self, root: str) -> list[str]:
         """The first-level directories under ``<root>/chunks``, to scan one at a time."""
         return _subdirs(os.path.join(root, "chunks"))
+
+
+def _write_holder(fd: int) -> None:
+    """Say who holds the lock, for whoever finds it taken. Only the flock counts: a drive
+    too full for these few bytes (filled by an older LOTA, say) must not stop a start."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
 
 
 def _subdirs(path: str) -> list[str]:

@@ -24,11 +24,19 @@ What it guarantees, and how:
   SQLite files and the full size of every fill in progress (reserved at begin_chunk).
   Reaching the high watermark evicts (S3-FIFO, :mod:`lota.cache.eviction`) down to the low
   one; the budget itself is never exceeded: without room, begin_chunk returns None.
+- Drives smaller than the budget. A fill that hits ENOSPC is aborted (its temp file and
+  reservation released at once) and sets that dir's own budget to what LOTA holds there,
+  less a margin; the budget in force is then the smaller of ``size`` and the sum of the
+  dirs' budgets, so eviction makes room and fills go on, and a fill goes to the first dir
+  (in rendezvous order) with room for it. Every second the store looks at each dir's free
+  space (``statvfs``), and a lowered budget grows back as the file system frees space.
 - Readers. A chunk being read is never chosen for eviction. Invalidation deletes at once:
   POSIX keeps the bytes of an unlinked file readable through open descriptors, so readers
   finish with the bytes they started with, and the space stays counted until they close.
-- Failing disks. An OSError while filling aborts the fill (``CacheWriteError``) and rests
-  the directory for ``dir_cooldown`` seconds; other directories keep working.
+- Failing disks. Another OSError while filling aborts the fill (``CacheWriteError``) and
+  rests the directory for ``dir_cooldown`` seconds; other directories keep working.
+- One process per directory. Each dir's ``lota.lock`` is held (``flock``) while the store
+  is open; a second store on it is refused (``CacheDirInUse``), naming the holder.
 - Threads. SQLite runs on one thread of its own; file I/O on a small pool; the event loop
   only does bookkeeping. No chunk is ever held in memory whole.
 
@@ -43,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import gc
 import json
 import logging
@@ -94,6 +103,7 @@ COUNTERS = (
     "missing",
     "read_errors",
     "write_errors",
+    "disk_full",
     "bypassed_writes",
     "discarded_commits",
     "verified",
@@ -111,6 +121,7 @@ _MAINTAIN_EVERY = 1.0
 MAX_OPEN_CHUNKS = 512
 _U64 = (1 << 64) - 1
 _YIELD_EVERY = 20_000
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class CacheError(LotaError):
@@ -220,6 +231,23 @@ def _fingerprint(chunk: _Chunk) -> int:
     """The chunk's name, for the eviction ghost: a chunk filled again after its eviction is
     a new _Chunk, but the same name."""
     return hash(chunk.obj.stem) ^ chunk.index
+
+
+@dataclass(slots=True)
+class _Drive:
+    """What the store knows of one cache dir (one drive, usually)."""
+
+    root: str
+    lock: int = -1
+    """The descriptor holding its lock; -1: not ours (unusable since start), never used."""
+    sick_until: float = 0.0
+    """Rested after an error until then."""
+    chunk_bytes: int = 0
+    reserved: int = 0
+    limit: int | None = None
+    """The budget an ENOSPC set; None: the store's whole budget."""
+    free: int = -1
+    """The file system's free bytes at the last look; -1: not known yet."""
 
 
 class ChunkReader:
@@ -397,8 +425,8 @@ class CacheStore:
         self._verify: VerifyPolicy = verify
         self._pinned = tuple(p if "/" in p else p + "/" for p in pinned)
         self._fsync = fsync
-        self._high = int(size * high_watermark)
-        self._low = int(size * low_watermark)
+        self._high_ratio = high_watermark
+        self._low_ratio = low_watermark
         self._scrub_interval = scrub_interval
         self._scrub_rate = scrub_rate
         self._scrub_idle = scrub_idle
@@ -407,11 +435,12 @@ class CacheStore:
         self._max_bare = max_bare_objects
         self._files = files or ChunkFiles()
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="lota-cache-io")
+        self._wal_limit = min(64 * 1024**2, max(64 * 1024, size // 64))
         self._index = Index(
             os.path.join(self._dirs[0], "index.sqlite"),
             chunk_size=chunk_size,
             dirs=self._dirs,
-            wal_limit=min(64 * 1024**2, max(64 * 1024, size // 64)),
+            wal_limit=self._wal_limit,
         )
         self._tasks = TaskGroup("cache")
         self._objects: dict[str, dict[str, CachedObject]] = {}
@@ -426,8 +455,7 @@ class CacheStore:
         self._claimed: set[tuple[str, int]] | None = None
         self._verifying: dict[_Chunk, asyncio.Future[None]] = {}
         self._pending: set[asyncio.Future[None]] = set()
-        self._sick_until = [0.0] * len(self._dirs)
-        self._locks = [-1] * len(self._dirs)  # lock descriptors; -1: not ours, never used
+        self._drives = [_Drive(root) for root in self._dirs]
         self._counts: Counter[str] = Counter()
         self._chunk_bytes = 0
         self._pinned_bytes = 0
@@ -456,6 +484,7 @@ class CacheStore:
             raise
         with _gc_paused():
             await self._load()
+        await self.check_space()
         self._ready = True
         self._tasks.start(self._index.run(), "index")
         self._tasks.start(self._maintain(), "maintain")
@@ -497,7 +526,8 @@ class CacheStore:
         the index) that cannot be used is left out until a restart: it holds no lock."""
         try:
             self._dir_bytes += await self._io_call(self._files.prepare, root)
-            self._locks[d] = await self._io_call(self._files.lock, root, on_orphan=os.close)
+            lock = await self._io_call(self._files.lock, root, on_orphan=os.close)
+            self._drives[d].lock = lock
         except DirLocked as exc:
             raise CacheDirInUse(
                 f"cache directory {root} is in use by {exc.holder} (lock {exc.lock})"
@@ -516,9 +546,9 @@ class CacheStore:
             raise CacheError(f"cannot open the cache index {self._index.path}: {exc}") from exc
 
     def _unlock(self) -> None:
-        for d, fd in enumerate(self._locks):
-            if fd >= 0:
-                self._locks[d] = -1
+        for drive in self._drives:
+            if drive.lock >= 0:
+                fd, drive.lock = drive.lock, -1
                 os.close(fd)
 
     async def _load(self) -> None:
@@ -553,6 +583,7 @@ class CacheStore:
         runs a million times."""
         stems, cs, dirs = self._stems, self._chunk_size, range(len(self._dirs))
         evictable: list[tuple[_Chunk, int]] = []
+        per_dir = [0] * len(self._dirs)
         total = pinned = count = 0
         for stem, index, d, length, digest in rows:
             obj = stems.get(stem)
@@ -570,12 +601,15 @@ class CacheStore:
             obj.chunks[index] = chunk
             size = -(-length // BLOCK) * BLOCK
             total += size
+            per_dir[d] += size
             count += 1
             if obj.pinned:
                 pinned += size
             else:
                 evictable.append((chunk, size))
         self._policy.extend_established(evictable)
+        for drive, size in zip(self._drives, per_dir, strict=True):
+            drive.chunk_bytes += size
         self._chunk_bytes += total
         self._pinned_bytes += pinned
         self._nchunks += count
@@ -835,7 +869,7 @@ class CacheStore:
         need = blocks(writer.length)
         if self.usage + need > self._high:
             await self._make_room(need)
-        if self.usage + need > self._budget:
+        if self.usage + need > self._effective_budget:
             self._count("bypassed_writes")
             return False
         writer.reserved = need
@@ -843,12 +877,15 @@ class CacheStore:
         return True
 
     async def _create(self, writer: ChunkWriter) -> bool:
-        """Open the temp file on the best healthy dir; a dir that fails is rested."""
+        """Open the temp file on the best healthy dir with room for it; a dir that fails is
+        rested (or, if full, given a lower budget)."""
         stem, index = writer.obj.stem, writer.index
         loop = asyncio.get_running_loop()
         for d in rank_dirs(stem, index, self._healthy_dirs()):
             if self._closing:
                 return False
+            if self._dir_usage(d) + writer.reserved > self._dir_budget(d):
+                continue
             directory, name = subdir(self._dirs[d], stem), temp_name(stem, index)
             temp = os.path.join(directory, name)
             self._temps.add(temp)
@@ -864,6 +901,7 @@ class CacheStore:
                 raise
             self._dir_bytes += made * DIR_BYTES
             writer._opened(d, temp, chunk_path(self._dirs[d], stem, index), fd)
+            self._drives[d].reserved += writer.reserved
             return True
         self._count("bypassed_writes")
         return False
@@ -896,6 +934,7 @@ class CacheStore:
         chunk.obj.chunks[chunk.index] = chunk
         size = blocks(chunk.length)
         self._chunk_bytes += size
+        self._drives[chunk.dir].chunk_bytes += size
         self._nchunks += 1
         if chunk.obj.pinned:
             self._pinned_bytes += size
@@ -910,6 +949,8 @@ class CacheStore:
             writer.obj.writers -= 1
         self._temps.discard(writer.path)
         self._reserved -= writer.reserved
+        if writer.dir >= 0:
+            self._drives[writer.dir].reserved -= writer.reserved
         writer.reserved = 0
 
     def _drop(self, chunk: _Chunk, reason: str) -> None:
@@ -948,11 +989,94 @@ class CacheStore:
         if chunk.dead and chunk.readers == 0:
             self._close_fd(chunk)
             self._chunk_bytes -= blocks(chunk.length)
+            self._drives[chunk.dir].chunk_bytes -= blocks(chunk.length)
 
     def _path(self, chunk: _Chunk) -> str:
         return chunk_path(self._dirs[chunk.dir], chunk.obj.stem, chunk.index)
 
     # Budget
+
+    @property
+    def _effective_budget(self) -> int:
+        """The budget, or less when the drives cannot hold it (see _dir_full)."""
+        return min(self._budget, sum(self._dir_budget(d) for d in range(len(self._dirs))))
+
+    @property
+    def _high(self) -> int:
+        return int(self._effective_budget * self._high_ratio)
+
+    @property
+    def _low(self) -> int:
+        return int(self._effective_budget * self._low_ratio)
+
+    def _dir_budget(self, d: int) -> int:
+        """What dir `d` may hold: the budget, unless its file system filled up first."""
+        drive = self._drives[d]
+        if drive.lock < 0:
+            return 0
+        return self._budget if drive.limit is None else min(drive.limit, self._budget)
+
+    def _held(self, d: int) -> int:
+        """Bytes of dir `d` that LOTA holds and that are on the disk: its chunks (and the
+        index, on the first dir). Not counted: directories, and fills in progress."""
+        return self._drives[d].chunk_bytes + (self._index.bytes if d == 0 else 0)
+
+    def _dir_usage(self, d: int) -> int:
+        return self._held(d) + self._drives[d].reserved
+
+    def _margin(self, d: int) -> int:
+        """Free space a full dir's budget leaves: a chunk, and room for the index's
+        write-ahead log to grow, on the dir that holds it."""
+        return self._chunk_size + (self._wal_limit if d == 0 else 0)
+
+    def _dir_full(self, d: int) -> None:
+        """ENOSPC: the drive holds less than the budget assumed. Its budget becomes what
+        LOTA holds there now, less a margin; the next fill evicts down to that. Resting the
+        drive instead would make the cache pass-through while the drive stays full."""
+        self._count("disk_full")
+        limit = max(0, self._held(d) - self._margin(d))
+        drive = self._drives[d]
+        if drive.limit is not None and drive.limit <= limit:
+            return
+        drive.limit = limit
+        log.warning(
+            "cache dir %s is full: its budget is now %d bytes (LOTA holds %d there; "
+            "cache.size is %d)",
+            self._dirs[d],
+            limit,
+            self._held(d),
+            self._budget,
+        )
+
+    async def check_space(self) -> dict[int, int]:
+        """Look at each dir's free space (the maintenance task does every second): a dir
+        whose budget an ENOSPC lowered gets back what its file system has freed since.
+        Returns the free bytes of each file system, by device id."""
+        free_by_device: dict[int, int] = {}
+        for d, drive in enumerate(self._drives):
+            if drive.lock < 0:
+                continue
+            try:
+                free, device = await self._io_call(self._files.space, drive.root)
+            except OSError as exc:
+                log.debug("cannot stat the file system of %s: %s", drive.root, exc)
+                continue
+            drive.free = free_by_device[device] = free
+            self._regain(d, free)
+        return free_by_device
+
+    def _regain(self, d: int, free: int) -> None:
+        limit = self._drives[d].limit
+        room = self._held(d) + free - self._margin(d)
+        if limit is None or room <= limit:
+            return
+        self._drives[d].limit = None if room >= self._budget else room
+        if room - limit >= self._chunk_size:
+            log.info(
+                "cache dir %s has room again: its budget is now %d bytes",
+                self._dirs[d],
+                self._dir_budget(d),
+            )
 
     async def _make_room(self, need: int) -> None:
         """Evict down to the low watermark (leaving room for `need`), and wait until the
@@ -962,7 +1086,8 @@ class CacheStore:
                 return
             victims: list[_Chunk] = []
             freeing = 0
-            while self.usage - freeing + need > self._low:
+            low = self._low
+            while self.usage - freeing + need > low:
                 chunk = self._policy.evict(_is_busy)
                 if chunk is None:
                     break
@@ -986,9 +1111,11 @@ class CacheStore:
         await done
 
     async def _maintain(self) -> None:
-        """Evict when something other than a fill (the index growing) passed the watermark."""
+        """Follow the drives' free space, and evict when something other than a fill (the
+        index growing, a drive's lowered budget) passed the watermark."""
         while True:
             await asyncio.sleep(_MAINTAIN_EVERY)
+            await self.check_space()
             if self.usage > self._high:
                 await self._make_room(0)
 
@@ -996,20 +1123,22 @@ class CacheStore:
 
     def _healthy_dirs(self) -> list[int]:
         now = self._clock.time()
-        locked = self._locks
-        return [d for d, until in enumerate(self._sick_until) if until <= now and locked[d] >= 0]
+        return [d for d, v in enumerate(self._drives) if v.sick_until <= now and v.lock >= 0]
 
     def _dir_failed(self, d: int, exc: OSError) -> None:
+        if exc.errno in _FULL:
+            self._dir_full(d)
+            return
         self._count("write_errors")
         now = self._clock.time()
-        if self._sick_until[d] <= now:
+        if self._drives[d].sick_until <= now:
             log.warning(
                 "cache dir %s failed (%s): not writing to it for %.0fs",
                 self._dirs[d],
                 exc,
                 self._dir_cooldown,
             )
-        self._sick_until[d] = now + self._dir_cooldown
+        self._drives[d].sick_until = now + self._dir_cooldown
 
     def _dirs_removed(self, count: int | None) -> None:
         self._dir_bytes -= (count or 0) * DIR_BYTES
@@ -1170,8 +1299,24 @@ class CacheStore:
             "writers": len(self._writers),
             "dirs_unhealthy": len(self._dirs) - len(self._healthy_dirs()),
             "index_errors": self._index.errors,
+            "effective_budget": self._effective_budget,
         }
         return {**{name: self._counts[name] for name in COUNTERS}, **gauges}
+
+    def dir_stats(self) -> dict[str, dict[str, int]]:
+        """Per cache dir: bytes LOTA holds there (fills in progress included), the file
+        system's free bytes at the last look (-1: unknown), the dir's budget (lowered by
+        an ENOSPC) and whether it takes fills (1) or is resting after an error (0)."""
+        healthy = set(self._healthy_dirs())
+        return {
+            root: {
+                "bytes_used": self._dir_usage(d),
+                "free_bytes": self._drives[d].free,
+                "budget": self._dir_budget(d),
+                "healthy": int(d in healthy),
+            }
+            for d, root in enumerate(self._dirs)
+        }
 
     def _count(self, name: str, n: int = 1) -> None:
         self._counts[name] += n

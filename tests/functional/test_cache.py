@@ -485,6 +485,56 @@ def test_writing_past_the_budget_evicts_and_stays_under_it(
     assert _hit(s3, bucket, "k23")[1] == "HIT"
 
 
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mount real tmpfs file systems of a given size (``"64m"``); unmounted at the end.
+    Request it before ``node_factory``, so that the nodes stop before their disks go."""
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        path = tmp_path / f"small-disk-{len(mounts)}"
+        path.mkdir()
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True
+        )
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_cache_drive_smaller_than_the_budget_evicts_and_keeps_caching(
+    small_disk: Callable[[str], Path],
+    node_factory: NodeFactory,
+    recorder: RecordingProxy,
+    origin_s3: Any,
+    bucket: str,
+) -> None:
+    """A 64 MiB drive under a 1 GiB budget: its ENOSPC lowers that drive's budget to what
+    it holds, eviction makes room, and later objects are cached within it; the origin
+    sends each byte about once (it once sent most of them twice, and cached nothing more)."""
+    mount = small_disk("64m")
+    node = node_factory(cache_dir=mount, size="1GiB")
+    s3 = client_for(node.url)
+    blobs = {f"k{i}": _put(origin_s3, bucket, f"k{i}", 2 * CHUNK + 1000 * i) for i in range(10)}
+    for key, data in blobs.items():
+        assert _get(s3, bucket, key)[0] == data
+    total = sum(map(len, blobs.values()))
+    fetched = sum(recorder.bytes_sent(f"/{bucket}/{key}") for key in blobs)
+    metrics = node.metrics()
+    counted = _metric(metrics, 'lota_origin_bytes_in_total{region="us-east"}')
+    assert _hit(s3, bucket, "k9") == (blobs["k9"], "HIT")
+    assert _hit(s3, bucket, "k8") == (blobs["k8"], "HIT")
+    assert fetched <= 1.15 * total, (fetched, total)
+    assert total <= counted <= 1.15 * total, (counted, total)
+    assert _metric(metrics, "lota_cache_evictions_total") > 0
+    budget = _metric(metrics, f'lota_cache_dir_budget_bytes{{dir="{mount}"}}')
+    assert 0 < budget < 64 * MiB
+    assert _metric(metrics, f'lota_cache_dir_healthy{{dir="{mount}"}}') == 1
+
+
 def test_with_the_cache_disk_full_every_response_is_still_correct(
     node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str, tmp_path: Path
 ) -> None:
@@ -526,8 +576,8 @@ def test_a_drive_failing_mid_chunk_never_shifts_the_chunks_after_it(
             for first in range(0, 24 * MiB, 3 * MiB + 7):
                 got = _get(s3, bucket, "big", Range=f"bytes={first}-{first + 99}")[0]
                 assert got == data[first : first + 100], first
-        errors = re.search(r"^lota_cache_write_errors_total (\S+)$", node.metrics(), re.M)
-        assert errors is not None and float(errors.group(1)) >= 1  # the small drive did fill
+        full = re.search(r"^lota_cache_disk_full_total (\S+)$", node.metrics(), re.M)
+        assert full is not None and float(full.group(1)) >= 1  # the small drive did fill
         node.kill()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
@@ -706,3 +756,10 @@ def test_keys_that_look_like_paths_are_cached_inside_the_cache_dirs_only(
         for p in tmp_path.parent.parent.rglob("lota-cache-escape-check")
     )
     assert _chunk_files(tmp_path / "cache")  # the chunk is stored, under the cache dir
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0

@@ -7,8 +7,9 @@ import errno
 import os
 import random
 import socket
+import subprocess
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from lota.cache.store import (
 from lota.clock import FakeClock
 
 CS = 64 * 1024
+MiB = 1024 * 1024
 MakeStore = Callable[..., Awaitable[CacheStore]]
 
 
@@ -136,6 +138,24 @@ def clock() -> FakeClock:
 @pytest.fixture
 def dirs(tmp_path: Path) -> list[Path]:
     return [tmp_path / "nvme0", tmp_path / "nvme1"]
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mount real tmpfs file systems of a given size ("4m"), to fill up for real; they are
+    unmounted at the end. Ask for it before ``make_store``, so stores close first."""
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        path = tmp_path / f"tmpfs{len(mounts)}"
+        path.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], check=True)
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", path], check=False)
 
 
 @pytest.fixture
@@ -607,10 +627,11 @@ async def test_invalidated_chunk_stays_readable_and_counted_until_closed(
 # Failing disks
 
 
-async def test_enospc_aborts_the_fill_and_rests_the_dir(
+async def test_an_io_error_aborts_the_fill_and_rests_the_dir(
     make_store: MakeStore, dirs: list[Path], clock: FakeClock
 ) -> None:
     files = FaultyFiles()
+    files.error = errno.EIO
     store = await make_store(files=files)
     files.failing = {str(dirs[0])}
     obj = await store.admit(meta(size=20 * CS))
@@ -634,6 +655,79 @@ async def test_enospc_aborts_the_fill_and_rests_the_dir(
     clock.advance(61)
     await fill(store, obj, failed_on)
     assert store.stats()["dirs_unhealthy"] == 0
+
+
+async def _fill_counting_failures(store: CacheStore, keys: range, chunks: int = 4) -> int:
+    """Fill objects o<n> of `chunks` chunks each; returns how many fills hit a full disk.
+    A failed fill holds nothing any more: no reservation, no temp file."""
+    failed = 0
+    for n in keys:
+        obj = await store.admit(meta(key=f"o{n}", size=chunks * CS))
+        for index in range(chunks):
+            writer = await store.begin_chunk(obj, index)
+            assert writer is not None, (n, index, store.stats(), store.dir_stats())
+            try:
+                await writer.write(content(obj.meta, index))
+                await writer.commit()
+            except CacheWriteError:
+                failed += 1
+                assert store.stats()["reserved_bytes"] == 0
+                assert not os.path.exists(writer.path)
+    return failed
+
+
+async def test_a_drive_full_before_the_budget_lowers_its_budget_evicts_and_keeps_caching(
+    tmpfs: Callable[[str], Path], make_store: MakeStore
+) -> None:
+    """A 4 MiB drive under a 16 MiB budget: its first ENOSPC sets that drive's budget to
+    what it holds, eviction gets under it, and every later fill fits (none is refused)."""
+    disk = tmpfs("4m")
+    store = await make_store(dirs=[disk], size=256 * CS)
+    assert await _fill_counting_failures(store, range(40)) == 1  # 10 MiB through 4 MiB
+    drive = store.dir_stats()[str(disk)]
+    assert drive["budget"] < 4 * MiB and drive["bytes_used"] <= drive["budget"]
+    assert drive["healthy"] == 1  # full, not failing: no rest, the next fill goes ahead
+    last = store.lookup("b", "o39")
+    assert last is not None
+    assert [await read(store, last, i) for i in range(4)] == [
+        content(last.meta, i) for i in range(4)
+    ]
+    await store.flush()
+    stats = store.stats()
+    assert stats["evictions"] > 0 and stats["disk_full"] == 1 and stats["write_errors"] == 0
+    assert stats["bypassed_writes"] == 0 and stats["index_errors"] == 0
+    assert du(disk) <= drive["budget"] + CS
+
+
+async def test_a_full_drive_gets_its_budget_back_when_its_file_system_frees_space(
+    tmpfs: Callable[[str], Path], make_store: MakeStore
+) -> None:
+    disk = tmpfs("4m")
+    tenant = disk / "another-tenant"
+    tenant.write_bytes(os.urandom(2 * MiB))
+    store = await make_store(dirs=[disk], size=256 * CS)
+    assert await _fill_counting_failures(store, range(10)) >= 1
+    lowered = store.dir_stats()[str(disk)]["budget"]
+    assert lowered < 2 * MiB
+    tenant.unlink()
+    await store.check_space()  # what the store's maintenance does every second
+    raised = store.dir_stats()[str(disk)]["budget"]
+    assert raised >= lowered + 2 * MiB - CS
+    assert await _fill_counting_failures(store, range(10, 30)) == 0
+    assert lowered < store.usage <= raised
+
+
+async def test_a_full_drive_sends_its_chunks_to_the_other_drives(
+    tmpfs: Callable[[str], Path], make_store: MakeStore, tmp_path: Path
+) -> None:
+    small, big = tmpfs("1m"), tmp_path / "big"
+    store = await make_store(dirs=[small, big], size=256 * CS)
+    assert await _fill_counting_failures(store, range(20)) == 1  # 5 MiB; the budget holds it
+    assert store.stats()["evictions"] == 0
+    cached = [store.has_chunk(obj, i) for obj in store._stems.values() for i in range(4)]
+    assert sum(cached) == 80 - 1  # all but the one whose fill hit ENOSPC
+    dirs = store.dir_stats()
+    assert dirs[str(small)]["budget"] < MiB and dirs[str(big)]["budget"] == 256 * CS
 
 
 async def test_every_dir_failing_means_pass_through(
