@@ -484,7 +484,7 @@ class CacheStore:
             raise
         with _gc_paused():
             await self._load()
-        await self.check_space()
+        await self._check_size()
         self._ready = True
         self._tasks.start(self._index.run(), "index")
         self._tasks.start(self._maintain(), "maintain")
@@ -1076,6 +1076,20 @@ class CacheStore:
                 "cache dir %s has room again: its budget is now %d bytes",
                 self._dirs[d],
                 self._dir_budget(d),
+            )
+
+    async def _check_size(self) -> None:
+        """Warn when the budget is more than the dirs can hold: their free space plus what
+        LOTA holds in them already (dirs sharing a file system share its free space)."""
+        free = sum((await self.check_space()).values())
+        if self._budget > free + self.usage:
+            log.warning(
+                "cache.size (%d bytes) is more than the cache dirs can hold: %d bytes free "
+                "+ %d held by LOTA = %d; a drive that fills up gets a budget of what it holds",
+                self._budget,
+                free,
+                self.usage,
+                free + self.usage,
             )
 
     async def _make_room(self, need: int) -> None:

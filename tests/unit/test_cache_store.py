@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import random
 import socket
@@ -728,6 +729,24 @@ async def test_a_full_drive_sends_its_chunks_to_the_other_drives(
     assert sum(cached) == 80 - 1  # all but the one whose fill hit ENOSPC
     dirs = store.dir_stats()
     assert dirs[str(small)]["budget"] < MiB and dirs[str(big)]["budget"] == 256 * CS
+
+
+async def test_a_budget_larger_than_the_drives_is_a_warning_at_open(
+    tmpfs: Callable[[str], Path], make_store: MakeStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = tmpfs("4m")
+    with caplog.at_level(logging.WARNING, logger="lota.cache"):
+        store = await make_store(dirs=[disk], size=256 * CS)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    free = store.dir_stats()[str(disk)]["free_bytes"]
+    assert 3 * MiB < free <= 4 * MiB
+    assert len(warnings) == 1 and f"cache.size ({256 * CS} bytes)" in warnings[0]
+    assert f"{free} bytes free" in warnings[0], warnings
+    await store.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lota.cache"):
+        await make_store(dirs=[disk], size=48 * CS)
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
 
 
 async def test_every_dir_failing_means_pass_through(
