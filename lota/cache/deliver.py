@@ -196,10 +196,12 @@ class Deliverer:
     ) -> None:
         """The cache could not supply these bytes: relay them from the origin, same ETag only."""
         headers = {"range": f"bytes={first}-{last}", "if-match": obj.meta.etag}
+        received = self._metrics.origin_bytes_in.labels(origin.region.name)
         async with origin.request("GET", obj.meta.bucket, obj.meta.key, headers=headers) as reply:
             if reply.status not in (200, 206):
                 raise OriginError(f"origin answered {reply.status} for a range of a cached object")
             async for piece in reply.content.iter_chunked(256 * 1024):
+                received.inc(len(piece))
                 await response.write(piece)
                 self._metrics.cache_bytes.labels("origin").inc(len(piece))
 

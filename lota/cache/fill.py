@@ -310,7 +310,7 @@ class Filler:
         for index, fill in job.claimed:
             job.at = index
             if fill is None:
-                await _skip(response, self.chunk_length(obj.meta.size, index))
+                await self._skip(response, self.chunk_length(obj.meta.size, index), job)
             else:
                 await self._fill_chunk(response, obj, fill, job)
 
@@ -327,7 +327,7 @@ class Filler:
             if not cached:
                 self._metrics.cache_bypassed_fills.inc()
                 raise CacheFull(f"the cache cannot take chunk {fill.index} of {obj!r}")
-            await _skip(response, fill.length)
+            await self._skip(response, fill.length, job)
             return
         fill.path = writer.path
         try:
@@ -339,7 +339,7 @@ class Filler:
             self._done(obj, fill, ok=False)
             # Past what this chunk took from the response (not what reached its file), or
             # every chunk after it in this GET would be filled with shifted bytes.
-            await _skip(response, fill.length - fill.taken)
+            await self._skip(response, fill.length - fill.taken, job)
             return
         except BaseException:
             await writer.abort()
@@ -370,6 +370,17 @@ class Filler:
                 pieces.clear()
                 gathered = 0
 
+    async def _skip(self, response: aiohttp.ClientResponse, length: int, job: FillJob) -> None:
+        """Read and drop `length` bytes of the response (a chunk someone else has). They
+        came from the origin all the same: counted."""
+        received = self._metrics.origin_bytes_in.labels(job.region)
+        while length > 0:
+            piece = await response.content.read(min(READ_SIZE, length))
+            if not piece:
+                raise OriginError("origin body ended early")
+            received.inc(len(piece))
+            length -= len(piece)
+
     def _done(self, obj: CachedObject, fill: ChunkFill, *, ok: bool) -> None:
         m = obj.meta
         self._fills.pop((m.bucket, m.key, m.etag, fill.index), None)
@@ -389,12 +400,3 @@ class Filler:
                 if self._fills.get(ident) is fill:
                     del self._fills[ident]
                 fill.finish(False)
-
-
-async def _skip(response: aiohttp.ClientResponse, length: int) -> None:
-    """Read and drop `length` bytes of the response (a chunk someone else has)."""
-    while length > 0:
-        piece = await response.content.read(min(READ_SIZE, length))
-        if not piece:
-            raise OriginError("origin body ended early")
-        length -= len(piece)

@@ -529,10 +529,26 @@ def test_a_cache_drive_smaller_than_the_budget_evicts_and_keeps_caching(
     assert _hit(s3, bucket, "k8") == (blobs["k8"], "HIT")
     assert fetched <= 1.15 * total, (fetched, total)
     assert total <= counted <= 1.15 * total, (counted, total)
+    assert 0.95 * fetched <= counted <= fetched, (counted, fetched)
     assert _metric(metrics, "lota_cache_evictions_total") > 0
     budget = _metric(metrics, f'lota_cache_dir_budget_bytes{{dir="{mount}"}}')
     assert 0 < budget < 64 * MiB
     assert _metric(metrics, f'lota_cache_dir_healthy{{dir="{mount}"}}') == 1
+
+
+def test_origin_bytes_in_counts_what_the_cache_relays_or_skips_not_only_what_it_fills(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    """A cache that cannot take the objects (all pinned, full) relays them from the origin:
+    lota_origin_bytes_in_total must count those bytes too, or it cannot show a doubling."""
+    node = node_factory(size="32MiB", pinned=[bucket])
+    s3 = client_for(node.url)
+    blobs = {f"k{i}": _put(origin_s3, bucket, f"k{i}", 3 * CHUNK + i) for i in range(4)}
+    for key, data in blobs.items():
+        assert _get(s3, bucket, key)[0] == data
+    counted = _metric(node.metrics(), 'lota_origin_bytes_in_total{region="us-east"}')
+    fetched = recorder.bytes_sent()
+    assert 0.95 * fetched <= counted <= fetched, (counted, fetched)
 
 
 def test_with_the_cache_disk_full_every_response_is_still_correct(
