@@ -23,7 +23,7 @@ from lota.clock import Clock
 from lota.config import RegionConfig
 from lota.http import encode_query, uri_encode
 from lota.metrics import Metrics
-from lota.s3.errors import OriginError, S3Error
+from lota.s3.errors import LotaError, OriginError
 
 log = logging.getLogger("lota.origin")
 
@@ -118,11 +118,12 @@ class OriginClient:
 
 
 async def _guarded(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """Mark failures of the body source so they are not mistaken for origin failures."""
+    """Mark failures of the body source so they are not mistaken for origin failures (a
+    staging copy read as the body of a migration fails with an OriginError of its own)."""
     try:
         async for piece in body:
             yield piece
-    except (S3Error, aiohttp.ClientError, OSError, EOFError) as exc:
+    except (LotaError, aiohttp.ClientError, OSError, EOFError) as exc:
         raise BodyFailed() from exc
 
 

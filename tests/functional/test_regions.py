@@ -411,3 +411,26 @@ def test_zero_byte_writes_to_a_far_bucket_migrate_with_their_etag_and_metadata(
     assert [
         line for line in logs.splitlines() if "failed" in line and any(k in line for k in ours)
     ] == []
+
+
+def test_a_migration_whose_staging_copy_is_gone_says_so_not_that_the_home_is_unreachable(
+    regions: TwoRegions,
+) -> None:
+    """The staged copy is the body of the home PUT: its read failing is no failure of the
+    home origin, which used to be logged (and counted) as unreachable."""
+    s3a = client_for(regions.a.url)
+    regions.link_b.down = True  # hold the migration while the staging copy goes
+    s3a.put_object(Bucket=FAR, Key="lost", Body=b"staged, then lost")
+    for key in regions.staging_keys():
+        regions.origin_a.delete_object(Bucket=STAGING_A, Key=key)
+    regions.link_b.down = False
+    deadline = time.monotonic() + 20
+    while True:
+        logs = (regions.a.log_tail(400) + "\n" + regions.b.log_tail(400)).splitlines()
+        failed = [line for line in logs if "staged object unreadable: 404" in line]
+        if failed:
+            break
+        assert time.monotonic() < deadline, "\n".join(logs[-20:])
+        time.sleep(0.2)
+    assert [line for line in failed if "unreachable" in line] == []
+    assert any(f"migrating {FAR}/lost" in line for line in failed)
