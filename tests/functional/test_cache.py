@@ -531,9 +531,12 @@ def test_a_cache_drive_smaller_than_the_budget_evicts_and_keeps_caching(
     assert total <= counted <= 1.15 * total, (counted, total)
     assert 0.95 * fetched <= counted <= fetched, (counted, fetched)
     assert _metric(metrics, "lota_cache_evictions_total") > 0
-    budget = _metric(metrics, f'lota_cache_dir_budget_bytes{{dir="{mount}"}}')
-    assert 0 < budget < 64 * MiB
-    assert _metric(metrics, f'lota_cache_dir_healthy{{dir="{mount}"}}') == 1
+    drive = {
+        name: _metric(metrics, f'lota_cache_dir_{name}{{dir="{mount}"}}')
+        for name in ("budget_bytes", "bytes_used", "free_bytes", "healthy")
+    }
+    assert 0 < drive["bytes_used"] <= drive["budget_bytes"] < 64 * MiB, drive
+    assert 0 < drive["free_bytes"] < 64 * MiB and drive["healthy"] == 1, drive
 
 
 def test_origin_bytes_in_counts_what_the_cache_relays_or_skips_not_only_what_it_fills(
