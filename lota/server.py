@@ -72,6 +72,10 @@ log = logging.getLogger("lota.server")
 ACCESSES = frozenset({"GetObject", "PutObject", "CopyObject", "CompleteMultipartUpload"})
 # S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
 DELETE_BODY_LIMIT = 2 * 1024 * 1024
+# aiohttp refuses longer request lines (8 KiB by default) before LOTA sees them; keys over
+# S3's 1,024 bytes, percent-encoded, must reach the KeyTooLongError check. Each header
+# line keeps aiohttp's 8 KiB bound, at most 128 of them.
+MAX_REQUEST_LINE = 64 * 1024
 # Catalog events after which other nodes' cached copies of the key are stale.
 _INVALIDATING_EVENTS = frozenset({EventKind.PUT, EventKind.DELETE, EventKind.INVALIDATE})
 # Operations after which cached copies of the addressed object(s) are stale.
@@ -609,7 +613,7 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     try:
         async with Node(config) as node:
-            server = S3Server(node.handle, access_log=None)
+            server = S3Server(node.handle, access_log=None, max_line_size=MAX_REQUEST_LINE)
             runner = web.ServerRunner(
                 server, shutdown_timeout=config.drain_timeout, handle_signals=False
             )

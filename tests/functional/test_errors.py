@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
+import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Any
 
@@ -199,6 +200,29 @@ def test_malformed_requests_get_4xx_s3_xml(
 ) -> None:
     got_status, body = raw(lota, request_bytes)
     assert (got_status, error_code(body)) == (status, code)
+
+
+@pytest.mark.parametrize("key", ["k" * 10_000, "\u00e9" * 10_000], ids=["ascii", "utf-8"])
+def test_a_10000_character_key_is_key_too_long_not_a_too_large_header(
+    lota: LotaProcess, bucket: str, key: str
+) -> None:
+    # S3 answers 400 KeyTooLongError for keys over 1,024 bytes, whatever the request line's
+    # length; "é" percent-encodes to six characters, a 60,000-character request line.
+    s3 = client_for(lota.url, retries={"max_attempts": 1})
+    with pytest.raises(s3.exceptions.ClientError) as err:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    assert err.value.response["Error"]["Code"] == "KeyTooLongError"
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    encoded = urllib.parse.quote(key, safe="/").encode()
+    status, body = raw(
+        lota, b"GET /" + bucket.encode() + b"/" + encoded + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    assert (status, error_code(body)) == (400, "KeyTooLongError")
+
+
+def test_a_request_line_over_64_kib_is_still_refused_as_too_large(lota: LotaProcess) -> None:
+    status, body = raw(lota, b"GET /bkt/" + b"k" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (status, error_code(body)) == (400, "RequestHeaderSectionTooLarge")
 
 
 def test_a_bad_range_is_invalid_range(lota: LotaProcess, bucket: str, origin_s3: Any) -> None:
