@@ -214,12 +214,19 @@ class Config:
     drain_timeout: float = 30.0
     # Seconds a request body may go without a byte before the request fails (RequestTimeout).
     body_timeout: float = 60.0
+    # Seconds from an origin request's last byte sent to its response head (revalidations,
+    # misses, pass-through); then a revalidation falls back to STALE, a miss answers 503.
+    # A response body streaming in has a longer wait between bytes (see regions.origin).
+    origin_timeout: float = 10.0
     tls_cert: str = ""
     tls_key: str = ""
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)
+        for name in ("origin_timeout",):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be more than 0 seconds")
         if not self.node:
             object.__setattr__(self, "node", socket.gethostname())
         if not self.default_region:
@@ -347,7 +354,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
                 )
         buckets = dict(raw.pop("buckets", {}))
         default_region = str(buckets.pop("default_region", region))
-        for key in ("drain_timeout", "body_timeout"):
+        for key in ("drain_timeout", "body_timeout", "origin_timeout"):
             if key in raw:
                 raw[key] = parse_duration(raw[key])
         return Config(

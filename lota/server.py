@@ -125,7 +125,9 @@ class Node:
     async def __aenter__(self) -> Node:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=512, limit_per_host=256, ttl_dns_cache=60),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=10, sock_read=self.config.origin_timeout
+            ),
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
         )

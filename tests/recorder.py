@@ -38,6 +38,7 @@ class RecordingProxy:
         self.down = False  # when set, refuse connections' requests with a reset
         self.pace = 0.0  # seconds to pause after each 256 KiB of a body (a slow origin)
         self.delay = 0.0  # seconds to hold each request before forwarding it (a far origin)
+        self.stall = False  # when set, hold each request unanswered until the proxy stops
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -92,6 +93,10 @@ class RecordingProxy:
             if request.transport is not None:
                 request.transport.abort()
             raise ConnectionResetError("origin is down")
+        if self.stall:  # an origin that accepts requests and never answers them
+            assert self._stop is not None
+            await self._stop.wait()
+            raise ConnectionResetError("origin stopped")
         if self.delay:
             await asyncio.sleep(self.delay)
         headers = {

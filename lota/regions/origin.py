@@ -4,6 +4,11 @@ Every request is path-style (``endpoint/bucket/key``), signed with the region's 
 credentials (SigV4, ``UNSIGNED-PAYLOAD`` unless told otherwise) and streamed both ways:
 the request body is an async iterator, the response is handed back unread. Failures to
 reach the origin are translated here, once, into :class:`OriginError`.
+
+Two read timeouts: the session's ``sock_read`` is the wait for the response head, which
+aiohttp counts from the request's last byte sent (``origin_timeout``: an origin that
+accepts and never answers fails fast, and a revalidation can serve STALE); once the head
+is in, the body may go ``body_read_timeout`` between bytes (a long streaming download).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from lota.s3.errors import LotaError, OriginError
 log = logging.getLogger("lota.origin")
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+# Seconds a response body may go without a byte once its head has arrived.
+BODY_READ_TIMEOUT = 120.0
 Body = bytes | AsyncIterable[bytes] | None
 
 
@@ -39,9 +46,15 @@ class OriginClient:
     """Sends signed requests to the origin of one region."""
 
     def __init__(
-        self, region: RegionConfig, session: aiohttp.ClientSession, metrics: Metrics, clock: Clock
+        self,
+        region: RegionConfig,
+        session: aiohttp.ClientSession,
+        metrics: Metrics,
+        clock: Clock,
+        body_read_timeout: float | None = BODY_READ_TIMEOUT,
     ) -> None:
         self.region = region
+        self._body_read_timeout = body_read_timeout
         self._session = session
         self._metrics = metrics
         self._clock = clock
@@ -109,12 +122,26 @@ class OriginClient:
             self._metrics.origin_errors.labels(self.region.name).inc()
             log.warning("origin %s unreachable: %s %s: %r", self.region.name, method, url, exc)
             raise OriginError(f"origin {self.region.name} unreachable: {exc!r}") from exc
+        self._extend_read_timeout(response)
         self._metrics.origin_seconds.labels(self.region.name).observe(time.perf_counter() - started)
         self._metrics.origin_requests.labels(self.region.name, method, str(response.status)).inc()
         try:
             yield response
         finally:
             response.release()
+
+    def _extend_read_timeout(self, response: aiohttp.ClientResponse) -> None:
+        """The head is in: give the body its own, longer wait between bytes (aiohttp does
+        the same for a websocket after its handshake)."""
+        connection = response.connection  # None once the whole body is in
+        if connection is None or connection.protocol is None:
+            return
+        connection.protocol.read_timeout = self._body_read_timeout
+        # The timer armed by the last read still has the short wait: restart it. While
+        # reading is paused (the consumer is behind) there is none; resuming arms the new one.
+        transport = connection.transport
+        if transport is not None and transport.is_reading():
+            connection.protocol.start_timeout()
 
 
 async def _guarded(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:

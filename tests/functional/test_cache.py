@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import io
 import os
 import re
 import socket
@@ -41,20 +42,23 @@ def recorder(origin: str) -> Iterator[RecordingProxy]:
 def node_factory(
     recorder: RecordingProxy, credentials_file: Path, tmp_path: Path
 ) -> Iterator[NodeFactory]:
-    """Start LOTA nodes with a cache, in front of the recorder; all stopped at the end."""
+    """Start LOTA nodes with a cache, in front of the recorder; all stopped at the end.
+    `top` holds top-level settings, the other keywords [cache] ones."""
     nodes: list[LotaProcess] = []
 
     def start(
         cache_dir: Path | list[Path] | None = None,
         size: str = "2GiB",
         port: int | None = None,
+        top: dict[str, Any] | None = None,
         **cache: Any,
     ) -> LotaProcess:
         dirs = cache_dir if isinstance(cache_dir, list) else [cache_dir or tmp_path / "cache"]
         settings = "\n".join(f"{k} = {_toml(v)}" for k, v in cache.items())
+        top_level = "".join(f"{k} = {_toml(v)}\n" for k, v in (top or {}).items())
         config = tmp_path / f"lota-{len(nodes)}.toml"
         config.write_text(
-            f'[cache]\ndirs = {_toml([str(d) for d in dirs])}\nsize = "{size}"\n{settings}\n'
+            f'{top_level}[cache]\ndirs = {_toml([str(d) for d in dirs])}\nsize = "{size}"\n{settings}\n'
             f'[auth]\nmode = "sigv4"\ncredentials = "{credentials_file}"\n'
             f'[regions.us-east]\nendpoint = "{recorder.url}"\n'
         )
@@ -402,6 +406,71 @@ def test_stale_copy_is_served_while_the_origin_is_down(
     recorder.down = True
     time.sleep(1.2)
     assert _get(s3, bucket, "k") == (b"cached", "STALE")
+
+
+def test_an_origin_that_accepts_but_never_answers_a_revalidation_gives_stale_after_origin_timeout(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory(top={"origin_timeout": "1s"}, revalidate_after="1s", stale_if_error="1h")
+    s3 = client_for(node.url, retries={"max_attempts": 1})
+    origin_s3.put_object(Bucket=bucket, Key="k", Body=b"cached")
+    _get(s3, bucket, "k")
+    recorder.stall = True
+    time.sleep(1.2)
+    started = time.monotonic()
+    assert _get(s3, bucket, "k") == (b"cached", "STALE")
+    assert 0.9 < time.monotonic() - started < 3.0
+
+
+def test_a_miss_on_an_origin_that_accepts_but_never_answers_is_503_after_origin_timeout(
+    node_factory: NodeFactory, recorder: RecordingProxy, bucket: str
+) -> None:
+    node = node_factory(top={"origin_timeout": "1s"})
+    s3 = client_for(node.url, retries={"max_attempts": 1})
+    recorder.stall = True
+    calls: list[Callable[[], Any]] = [
+        lambda: s3.get_object(Bucket=bucket, Key="cold"),  # a fill's GET
+        lambda: s3.get_object(Bucket=bucket, Key="cold", Range="bytes=-10"),  # HEAD first
+        lambda: s3.head_object(Bucket=bucket, Key="cold"),
+        lambda: s3.list_objects_v2(Bucket=bucket),  # pass-through
+    ]
+    for call in calls:
+        started = time.monotonic()
+        with pytest.raises(s3.exceptions.ClientError) as err:
+            call()
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        assert 0.9 < time.monotonic() - started < 3.0
+
+
+def test_an_origin_body_pausing_longer_than_origin_timeout_is_still_read_whole(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    # origin_timeout is the wait for the response head; a body streaming slowly has the
+    # long read timeout between its bytes.
+    node = node_factory(top={"origin_timeout": "1s"})
+    s3 = client_for(node.url, retries={"max_attempts": 1})
+    data = _put(origin_s3, bucket, "slow", 768 * 1024)
+    recorder.pace = 1.5  # after each 256 KiB
+    assert _get(s3, bucket, "slow") == (data, "MISS")
+    # An upload that takes longer than origin_timeout: the wait starts once it is sent.
+    s3.put_object(Bucket=bucket, Key="up", Body=_PausingReader(data, pause=1.5))
+    assert origin_s3.get_object(Bucket=bucket, Key="up")["Body"].read() == data
+
+
+class _PausingReader(io.BytesIO):
+    """A request body that stops for `pause` seconds halfway through, on every pass."""
+
+    def __init__(self, data: bytes, pause: float) -> None:
+        super().__init__(data)
+        self._half = len(data) // 2
+        self._pause = pause
+
+    def read(self, size: int | None = -1) -> bytes:
+        before = self.tell()
+        piece = super().read(size)
+        if before < self._half <= self.tell():
+            time.sleep(self._pause)
+        return piece
 
 
 def test_a_flipped_byte_in_a_chunk_file_is_caught_and_the_client_gets_right_bytes(

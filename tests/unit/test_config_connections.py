@@ -1,0 +1,28 @@
+"""Connection and origin timeouts: parsed as durations, defaulted, refused when not positive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lota.config import Config, ConfigError, load
+
+
+def _load(tmp_path: Path, toml: str) -> Config:
+    file = tmp_path / "lota.toml"
+    file.write_text(
+        f'{toml}\n[auth]\nmode = "none"\n[regions.us-east]\nendpoint = "http://127.0.0.1:9"\n'
+    )
+    return load(file, environ={})
+
+
+def test_origin_timeout_defaults_to_10s_and_takes_durations(tmp_path: Path) -> None:
+    assert _load(tmp_path, "").origin_timeout == 10.0
+    assert _load(tmp_path, 'origin_timeout = "1500ms"').origin_timeout == 1.5
+
+
+@pytest.mark.parametrize("value", ['"0s"', "0", '"soon"'])
+def test_origin_timeout_must_be_a_positive_duration(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match=r"origin_timeout|duration"):
+        _load(tmp_path, f"origin_timeout = {value}")
