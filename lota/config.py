@@ -214,6 +214,11 @@ class Config:
     drain_timeout: float = 30.0
     # Seconds a request body may go without a byte before the request fails (RequestTimeout).
     body_timeout: float = 60.0
+    # Seconds a connection has to deliver a whole request head, from when it opened or, when
+    # kept alive, from the first byte of its next request: 408 RequestTimeout, or just closed.
+    header_timeout: float = 10.0
+    # Seconds a kept-alive connection may sit idle between requests before it is closed.
+    keepalive_timeout: float = 75.0
     # Seconds from an origin request's last byte sent to its response head (revalidations,
     # misses, pass-through); then a revalidation falls back to STALE, a miss answers 503.
     # A response body streaming in has a longer wait between bytes (see regions.origin).
@@ -224,7 +229,7 @@ class Config:
 
     def __post_init__(self) -> None:
         parse_listen(self.listen)
-        for name in ("origin_timeout",):
+        for name in ("header_timeout", "keepalive_timeout", "origin_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be more than 0 seconds")
         if not self.node:
@@ -354,7 +359,13 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
                 )
         buckets = dict(raw.pop("buckets", {}))
         default_region = str(buckets.pop("default_region", region))
-        for key in ("drain_timeout", "body_timeout", "origin_timeout"):
+        for key in (
+            "drain_timeout",
+            "body_timeout",
+            "header_timeout",
+            "keepalive_timeout",
+            "origin_timeout",
+        ):
             if key in raw:
                 raw[key] = parse_duration(raw[key])
         return Config(

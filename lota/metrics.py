@@ -193,6 +193,13 @@ class Metrics:
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
         )
+        self.client_connections_closed = Counter(
+            "lota_client_connections_closed",
+            "Client connections LOTA closed on its own, by reason: header_timeout (no whole "
+            "request head in time), idle_timeout (kept alive, unused)",
+            ["reason"],
+            registry=r,
+        )
         # labels() takes a lock and builds a key on every call, several times per request:
         # remember the children (label values here are few: operations, statuses, sources).
         for metric in vars(self).values():

@@ -42,6 +42,7 @@ from lota.cache.warm import warm
 from lota.catalog import Catalog, CatalogUnavailable, EventKind, PendingSummary, open_catalog
 from lota.clock import Clock
 from lota.config import Config, ConfigError, StartupError
+from lota.connections import GuardedRequestHandler, GuardedServer, connection_limits
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.lifecycle.state import LifecycleState
@@ -560,7 +561,7 @@ def error_response(exc: S3Error, request_id: str) -> web.Response:
     )
 
 
-class S3RequestHandler(RequestHandler):
+class S3RequestHandler(GuardedRequestHandler):
     """aiohttp's connection handler, with its HTTP-level errors answered as S3 XML."""
 
     def handle_error(
@@ -587,7 +588,7 @@ class S3RequestHandler(RequestHandler):
         return response
 
 
-class S3Server(web.Server):
+class S3Server(GuardedServer):
     """aiohttp's low-level server using :class:`S3RequestHandler` for each connection."""
 
     def __call__(self) -> RequestHandler:
@@ -615,7 +616,14 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     try:
         async with Node(config) as node:
-            server = S3Server(node.handle, access_log=None, max_line_size=MAX_REQUEST_LINE)
+            server = S3Server(
+                node.handle,
+                limits=connection_limits(config),
+                metrics=node.metrics,
+                request_id=next_request_id,
+                access_log=None,
+                max_line_size=MAX_REQUEST_LINE,
+            )
             runner = web.ServerRunner(
                 server, shutdown_timeout=config.drain_timeout, handle_signals=False
             )

@@ -1,4 +1,4 @@
-"""Connection and origin timeouts: parsed as durations, defaulted, refused when not positive."""
+"""Connection settings and the origin timeout: parsed, defaulted, refused when out of range."""
 
 from __future__ import annotations
 
@@ -26,3 +26,22 @@ def test_origin_timeout_defaults_to_10s_and_takes_durations(tmp_path: Path) -> N
 def test_origin_timeout_must_be_a_positive_duration(tmp_path: Path, value: str) -> None:
     with pytest.raises(ConfigError, match=r"origin_timeout|duration"):
         _load(tmp_path, f"origin_timeout = {value}")
+
+
+def test_connection_timeouts_default_to_10s_and_75s(tmp_path: Path) -> None:
+    config = _load(tmp_path, "")
+    assert (config.header_timeout, config.keepalive_timeout) == (10.0, 75.0)
+    config = _load(tmp_path, 'header_timeout = "2s"\nkeepalive_timeout = "1m"')
+    assert (config.header_timeout, config.keepalive_timeout) == (2.0, 60.0)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ('header_timeout = "0s"', "header_timeout"),
+        ("keepalive_timeout = 0", "keepalive_timeout"),
+    ],
+)
+def test_connection_settings_are_checked(tmp_path: Path, setting: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, setting)

@@ -1,0 +1,138 @@
+"""Client connections that send nothing, dawdle over a head, or idle: each is closed on time."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lota.devtools import LotaProcess
+
+HEADER_TIMEOUT = 1.5
+KEEPALIVE_TIMEOUT = 3.0
+SLACK = 1.0  # a closed connection is seen at most this long after its deadline
+HEAD = b"GET /_lota/healthz HTTP/1.1\r\nHost: x\r\n"
+
+
+@pytest.fixture(scope="module")
+def quick(
+    origin: str, credentials_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LotaProcess]:
+    """A node with short connection timeouts."""
+    work = tmp_path_factory.mktemp("quick")
+    config = work / "lota.toml"
+    config.write_text(
+        f'header_timeout = "{HEADER_TIMEOUT}s"\nkeepalive_timeout = "{KEEPALIVE_TIMEOUT}s"\n'
+    )
+    node = LotaProcess(
+        ["--config", str(config), "--origin", origin, "--credentials", str(credentials_file)],
+        log_path=work / "lota.log",
+    ).start()
+    yield node
+    node.stop()
+
+
+def _closed_after(
+    sock: socket.socket, trickle: bytes = b"", every: float = 0.2
+) -> tuple[float, bytes]:
+    """Seconds until the server closes `sock`, sending `trickle` a byte at a time meanwhile,
+    and what it sent before closing."""
+    started = time.monotonic()
+    received = b""
+    sock.settimeout(every)
+    while time.monotonic() - started < 30:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            if trickle:
+                try:
+                    sock.sendall(trickle[:1])
+                except OSError:
+                    break
+                trickle = trickle[1:]
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        received += chunk
+    return time.monotonic() - started, received
+
+
+def _connect(node: LotaProcess) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", node.port), timeout=5)
+
+
+def _error_code(response: bytes) -> tuple[int, str]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), ET.fromstring(body).findtext("Code") or ""
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_header_timeout(quick: LotaProcess) -> None:
+    with _connect(quick) as sock:
+        elapsed, received = _closed_after(sock)
+    assert received == b""
+    assert HEADER_TIMEOUT - 0.1 < elapsed < HEADER_TIMEOUT + SLACK
+
+
+def test_a_connection_trickling_header_bytes_gets_408_after_header_timeout(
+    quick: LotaProcess,
+) -> None:
+    with _connect(quick) as sock:
+        # A byte every 0.2 s: never a whole head, never a quiet spell as long as the timeout.
+        elapsed, received = _closed_after(sock, trickle=HEAD + b"X-Slow: " + b"a" * 200)
+    assert _error_code(received) == (408, "RequestTimeout")
+    assert HEADER_TIMEOUT - 0.1 < elapsed < HEADER_TIMEOUT + SLACK
+
+
+def test_a_connection_sending_partial_headers_gets_408_after_header_timeout(
+    quick: LotaProcess,
+) -> None:
+    with _connect(quick) as sock:
+        sock.sendall(HEAD)  # no blank line: the head never ends
+        elapsed, received = _closed_after(sock)
+    assert _error_code(received) == (408, "RequestTimeout")
+    assert HEADER_TIMEOUT - 0.1 < elapsed < HEADER_TIMEOUT + SLACK
+
+
+def test_a_connection_idle_after_a_request_is_closed_after_keepalive_timeout(
+    quick: LotaProcess,
+) -> None:
+    with _connect(quick) as sock:
+        sock.sendall(HEAD + b"\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        elapsed, received = _closed_after(sock)
+    assert received == b""
+    # Not header_timeout after the response: a kept-alive connection may idle longer.
+    assert KEEPALIVE_TIMEOUT - 0.1 < elapsed < KEEPALIVE_TIMEOUT + SLACK
+
+
+def test_a_kept_alive_connection_starting_a_head_late_gets_header_timeout_from_its_first_byte(
+    quick: LotaProcess,
+) -> None:
+    with _connect(quick) as sock:
+        sock.sendall(HEAD + b"\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(KEEPALIVE_TIMEOUT - 1.0)
+        sock.sendall(HEAD)
+        elapsed, received = _closed_after(sock)
+    assert _error_code(received) == (408, "RequestTimeout")
+    assert HEADER_TIMEOUT - 0.1 < elapsed < HEADER_TIMEOUT + SLACK
+
+
+def test_connections_closed_on_a_timeout_are_counted(quick: LotaProcess) -> None:
+    def closed(reason: str) -> float:
+        found = re.search(
+            rf'lota_client_connections_closed_total{{reason="{reason}"}} (\S+)', quick.metrics()
+        )
+        return float(found.group(1)) if found else 0.0
+
+    before = closed("header_timeout")
+    with _connect(quick) as sock:
+        _closed_after(sock)
+    assert closed("header_timeout") == before + 1
