@@ -219,6 +219,9 @@ class Config:
     header_timeout: float = 10.0
     # Seconds a kept-alive connection may sit idle between requests before it is closed.
     keepalive_timeout: float = 75.0
+    # Client connections open at once; past it, the one idle longest is closed (0: the
+    # descriptor limit less what LOTA needs for origin sockets, cache files, the catalog).
+    max_connections: int = 0
     # Seconds from an origin request's last byte sent to its response head (revalidations,
     # misses, pass-through); then a revalidation falls back to STALE, a miss answers 503.
     # A response body streaming in has a longer wait between bytes (see regions.origin).
@@ -232,6 +235,9 @@ class Config:
         for name in ("header_timeout", "keepalive_timeout", "origin_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be more than 0 seconds")
+        count = self.max_connections
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError("max_connections must be a whole number, 0 for automatic")
         if not self.node:
             object.__setattr__(self, "node", socket.gethostname())
         if not self.default_region:

@@ -1,4 +1,5 @@
-"""Client connections: how long one may dawdle over a request head or sit idle.
+"""Client connections: how long one may dawdle over a request head or sit idle, and how many
+may be open at once.
 
 Left to aiohttp's defaults, a connection that sends nothing, or trickles a header byte at a
 time, stays open for an hour; a thousand of them use up the process's descriptors and every
@@ -9,14 +10,24 @@ real client is refused. Here:
   ``client_header_timeout``). A client that sent part of a head is told 408 RequestTimeout;
   one that sent nothing is just closed.
 * ``keepalive_timeout``: a connection idle between requests is closed after this long.
+* ``max_connections``: a connection past the cap closes the one that has waited longest for
+  a request head (idle, or dawdling), as nginx reuses its keep-alive connections when it
+  runs out; only when every connection is busy with a request is the new one closed at once.
+  Refusing to accept instead would queue a real client behind every idle socket.
+
+The cap defaults to what the descriptor limit leaves after LOTA's own needs (origin
+sockets, open chunk files, the catalog); :func:`raise_descriptor_limit` lifts the soft
+limit to the hard one at start.
 
 :class:`HeadClock` holds the timing rules (no I/O); :class:`GuardedRequestHandler` applies
-them to one connection.
+them to one connection; :class:`GuardedServer` counts connections and picks who gives way.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,11 +35,21 @@ from typing import Any, Literal
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from lota.cache.store import MAX_OPEN_CHUNKS
 from lota.config import Config
 from lota.metrics import Metrics
+from lota.regions.origin import POOL_SIZE
 from lota.s3.errors import S3Error
 
 log = logging.getLogger("lota.connections")
+
+# Descriptors LOTA holds besides client connections, origin sockets and cached chunk
+# files: listening sockets, the event loop, logs, the cache index, catalog connections,
+# chunk files being written.
+BASE_RESERVE = 128
+# Never leave client connections less than this share of the descriptor limit.
+MIN_SHARE = 0.5
+_WARN_EVERY = 60.0  # seconds between warnings that the cap is reached
 
 Reason = Literal["header_timeout", "idle_timeout"]
 
@@ -39,10 +60,50 @@ class ConnectionLimits:
 
     header_timeout: float
     keepalive_timeout: float
+    max_connections: int
 
 
 def connection_limits(config: Config) -> ConnectionLimits:
-    return ConnectionLimits(config.header_timeout, config.keepalive_timeout)
+    """Raise the descriptor limit, then settle the cap (logged, with a warning when the
+    limit leaves too little for LOTA's own descriptors)."""
+    soft, hard = raise_descriptor_limit()
+    reserve = BASE_RESERVE + POOL_SIZE + (MAX_OPEN_CHUNKS if config.cache.dirs else 0)
+    cap = config.max_connections or connection_cap(soft, reserve)
+    log.info("descriptor limit %d (hard %d): at most %d client connections", soft, hard, cap)
+    if soft != resource.RLIM_INFINITY and soft < cap + reserve:
+        log.warning(
+            "descriptor limit %d is low: besides %d client connections, LOTA may need %d for "
+            "origin sockets, cache files and the catalog; raise the hard limit (ulimit -Hn, "
+            "LimitNOFILE)",
+            soft,
+            cap,
+            reserve,
+        )
+    return ConnectionLimits(config.header_timeout, config.keepalive_timeout, cap)
+
+
+def raise_descriptor_limit() -> tuple[int, int]:
+    """Lift RLIMIT_NOFILE's soft limit to the hard one where the system allows; returns the
+    (soft, hard) limits in force afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unlimited hard limit cannot be the soft one on Linux: try the kernel's usual cap.
+    for target in (hard, 1 << 20):
+        if soft == resource.RLIM_INFINITY or 0 <= target <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            break
+        except (ValueError, OSError):
+            continue
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def connection_cap(descriptor_limit: int, reserve: int) -> int:
+    """Client connections allowed at once: the descriptor limit less `reserve`, but at least
+    half of it (with a very low limit, idle sockets must not take everything either)."""
+    if descriptor_limit == resource.RLIM_INFINITY or descriptor_limit < 0:
+        descriptor_limit = 1 << 20
+    return max(1, int(descriptor_limit * MIN_SHARE), descriptor_limit - reserve)
 
 
 class HeadClock:
@@ -102,7 +163,7 @@ class HeadClock:
 
 class GuardedRequestHandler(RequestHandler):
     """aiohttp's per-connection protocol with the header and keep-alive timeouts of
-    :class:`HeadClock`."""
+    :class:`HeadClock` and a place in :class:`GuardedServer`'s count."""
 
     def __init__(self, manager: GuardedServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -115,9 +176,13 @@ class GuardedRequestHandler(RequestHandler):
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._clock.opened(self._loop.time())
-        self._arm()
+        if not self._guard.admit(self):
+            self.force_close()
+            return
+        self._waiting()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._guard.forget(self)
         self._cancel_timer()
         super().connection_lost(exc)
 
@@ -130,6 +195,7 @@ class GuardedRequestHandler(RequestHandler):
         # aiohttp queues each request whose head it has parsed: that head is complete.
         if self._messages and self._clock.waiting:
             self._clock.head_complete()
+            self._guard.busy(self)
             self._cancel_timer()
 
     async def finish_response(
@@ -139,8 +205,17 @@ class GuardedRequestHandler(RequestHandler):
         if not self._messages and self.transport is not None:
             self._last_body = request.content
             self._clock.response_done(self._loop.time())
-            self._arm()
+            self._waiting()
         return result
+
+    def give_way(self) -> None:
+        """Close to make room for a new connection (this one waits for a head)."""
+        self._guard.closed("evicted")
+        self.force_close()
+
+    def _waiting(self) -> None:
+        self._guard.waiting(self)
+        self._arm()
 
     def _arm(self) -> None:
         self._cancel_timer()
@@ -166,7 +241,7 @@ class GuardedRequestHandler(RequestHandler):
 
 
 class GuardedServer(web.Server):
-    """aiohttp's low-level server with :class:`GuardedRequestHandler` connections."""
+    """aiohttp's low-level server, keeping at most ``limits.max_connections`` connections."""
 
     def __init__(
         self,
@@ -183,9 +258,39 @@ class GuardedServer(web.Server):
         self.limits = limits
         self._metrics = metrics
         self._request_id = request_id
+        self._open: set[GuardedRequestHandler] = set()
+        # Connections waiting for a request head, longest-waiting first.
+        self._waiting: dict[GuardedRequestHandler, None] = {}
+        self._warned = float("-inf")
+        metrics.client_connections.set_function(lambda: len(self._open))
+        metrics.client_connection_limit.set(limits.max_connections)
 
     def __call__(self) -> RequestHandler:
         return GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
+
+    def admit(self, handler: GuardedRequestHandler) -> bool:
+        """Count a new connection in; False when it must close at once."""
+        if len(self._open) >= self.limits.max_connections:
+            oldest = next(iter(self._waiting), None)
+            self._warn_full(oldest is not None)
+            if oldest is None:
+                self.closed("refused")
+                return False
+            oldest.give_way()
+            self.forget(oldest)
+        self._open.add(handler)
+        return True
+
+    def waiting(self, handler: GuardedRequestHandler) -> None:
+        self._waiting.pop(handler, None)
+        self._waiting[handler] = None
+
+    def busy(self, handler: GuardedRequestHandler) -> None:
+        self._waiting.pop(handler, None)
+
+    def forget(self, handler: GuardedRequestHandler) -> None:
+        self._waiting.pop(handler, None)
+        self._open.discard(handler)
 
     def closed(self, reason: str) -> None:
         self._metrics.client_connections_closed.labels(reason).inc()
@@ -206,3 +311,15 @@ class GuardedServer(web.Server):
             "Connection: close\r\n\r\n"
         )
         return head.encode() + body
+
+    def _warn_full(self, evicting: bool) -> None:
+        now = time.monotonic()
+        if now - self._warned >= _WARN_EVERY:
+            self._warned = now
+            log.warning(
+                "%d client connections open (max_connections): %s",
+                len(self._open),
+                "closing the ones idle longest"
+                if evicting
+                else "refusing new ones, every connection is busy",
+            )

@@ -55,8 +55,15 @@ class LotaProcess:
     """``lota serve`` in a subprocess, on a free loopback port."""
 
     def __init__(
-        self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+        self,
+        args: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        *,
+        nofile: int | None = None,
     ) -> None:
+        """`nofile` starts the process with RLIMIT_NOFILE at that soft and hard limit."""
+        self.nofile = nofile
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--listen", f"127.0.0.1:{self.port}", *args]
@@ -66,8 +73,9 @@ class LotaProcess:
 
     def start(self, timeout: float = 30.0) -> LotaProcess:
         log = self.log_path.open("ab")
+        limit = [] if self.nofile is None else ["prlimit", f"--nofile={self.nofile}", "--"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lota", "serve", *self.args],
+            [*limit, sys.executable, "-m", "lota", "serve", *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,

@@ -193,10 +193,20 @@ class Metrics:
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
         )
+        self.client_connections = Gauge(
+            "lota_client_connections", "Client connections open right now", registry=r
+        )
+        self.client_connection_limit = Gauge(
+            "lota_client_connection_limit",
+            "Client connections allowed at once (max_connections, or derived from the "
+            "descriptor limit)",
+            registry=r,
+        )
         self.client_connections_closed = Counter(
             "lota_client_connections_closed",
             "Client connections LOTA closed on its own, by reason: header_timeout (no whole "
-            "request head in time), idle_timeout (kept alive, unused)",
+            "request head in time), idle_timeout (kept alive, unused), evicted (the longest "
+            "idle, to make room under the cap), refused (over the cap, none idle)",
             ["reason"],
             registry=r,
         )

@@ -51,7 +51,7 @@ from lota.metrics import LifecycleObserver, Metrics
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
 from lota.regions.migrator import Migrator
-from lota.regions.origin import OriginClient
+from lota.regions.origin import POOL_SIZE, OriginClient
 from lota.regions.staging import Staging
 from lota.regions.writes import RegionalRouter
 from lota.relay import abort, read_small_body
@@ -125,7 +125,9 @@ class Node:
 
     async def __aenter__(self) -> Node:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=512, limit_per_host=256, ttl_dns_cache=60),
+            connector=aiohttp.TCPConnector(
+                limit=POOL_SIZE, limit_per_host=POOL_SIZE // 2, ttl_dns_cache=60
+            ),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=10, sock_read=self.config.origin_timeout
             ),

@@ -35,6 +35,8 @@ log = logging.getLogger("lota.origin")
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 # Seconds a response body may go without a byte once its head has arrived.
 BODY_READ_TIMEOUT = 120.0
+# Connections to all origins at once (the node's one session); each holds a descriptor.
+POOL_SIZE = 512
 Body = bytes | AsyncIterable[bytes] | None
 
 

@@ -1,8 +1,10 @@
-"""Client connections that send nothing, dawdle over a head, or idle: each is closed on time."""
+"""Client connections that send nothing, dawdle over a head, idle, or come by the thousand:
+each is closed on time and real clients keep being served."""
 
 from __future__ import annotations
 
 import re
+import resource
 import socket
 import time
 import xml.etree.ElementTree as ET
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from lota.devtools import LotaProcess
+from tests.conftest import client_for
+from tests.functional.test_errors import signed
 
 HEADER_TIMEOUT = 1.5
 KEEPALIVE_TIMEOUT = 3.0
@@ -136,3 +140,47 @@ def test_connections_closed_on_a_timeout_are_counted(quick: LotaProcess) -> None
     with _connect(quick) as sock:
         _closed_after(sock)
     assert closed("header_timeout") == before + 1
+
+
+def test_2000_idle_connections_do_not_stop_a_real_client(
+    origin: str, credentials_file: Path, tmp_path: Path, bucket: str
+) -> None:
+    # As in the report: 1,024 descriptors, more idle connections than that.
+    node = LotaProcess(
+        ["--origin", origin, "--credentials", str(credentials_file)],
+        log_path=tmp_path / "lota.log",
+        nofile=1024,
+    ).start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2200 <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    idle: list[socket.socket] = []
+    # An upload under way when the crowd arrives: its connection is busy, never given up.
+    upload = signed(node, "PUT", f"/{bucket}/in-flight", b"u" * 100_000)
+    busy = _connect(node)
+    try:
+        busy.sendall(upload[:-50_000])
+        for _ in range(2000):
+            idle.append(socket.create_connection(("127.0.0.1", node.port), timeout=5))
+        busy.sendall(upload[-50_000:])
+        assert busy.recv(65536).startswith(b"HTTP/1.1 200")
+        s3 = client_for(node.url, retries={"max_attempts": 1}, connect_timeout=5, read_timeout=10)
+        started = time.monotonic()
+        s3.put_object(Bucket=bucket, Key="k", Body=b"through the crowd")
+        assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"through the crowd"
+        assert time.monotonic() - started < 3.0
+        metrics = node.metrics()
+    finally:
+        for sock in [busy, *idle]:
+            sock.close()
+        node.stop()
+    cap = _gauge(metrics, "lota_client_connection_limit")
+    assert 0 < cap < 1024
+    assert _gauge(metrics, "lota_client_connections") <= cap
+    assert "descriptor limit 1024 (hard 1024)" in node.log_tail(200)
+
+
+def _gauge(metrics: str, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", metrics, re.MULTILINE)
+    assert found, name
+    return float(found.group(1))

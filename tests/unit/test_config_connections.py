@@ -28,11 +28,21 @@ def test_origin_timeout_must_be_a_positive_duration(tmp_path: Path, value: str) 
         _load(tmp_path, f"origin_timeout = {value}")
 
 
-def test_connection_timeouts_default_to_10s_and_75s(tmp_path: Path) -> None:
+def test_connection_settings_default_to_10s_75s_and_a_derived_cap(tmp_path: Path) -> None:
     config = _load(tmp_path, "")
-    assert (config.header_timeout, config.keepalive_timeout) == (10.0, 75.0)
-    config = _load(tmp_path, 'header_timeout = "2s"\nkeepalive_timeout = "1m"')
-    assert (config.header_timeout, config.keepalive_timeout) == (2.0, 60.0)
+    assert (config.header_timeout, config.keepalive_timeout, config.max_connections) == (
+        10.0,
+        75.0,
+        0,
+    )
+    config = _load(
+        tmp_path, 'header_timeout = "2s"\nkeepalive_timeout = "1m"\nmax_connections = 5000'
+    )
+    assert (config.header_timeout, config.keepalive_timeout, config.max_connections) == (
+        2.0,
+        60.0,
+        5000,
+    )
 
 
 @pytest.mark.parametrize(
@@ -40,6 +50,8 @@ def test_connection_timeouts_default_to_10s_and_75s(tmp_path: Path) -> None:
     [
         ('header_timeout = "0s"', "header_timeout"),
         ("keepalive_timeout = 0", "keepalive_timeout"),
+        ("max_connections = -1", "max_connections"),
+        ('max_connections = "many"', "max_connections"),
     ],
 )
 def test_connection_settings_are_checked(tmp_path: Path, setting: str, message: str) -> None:

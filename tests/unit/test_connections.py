@@ -1,8 +1,10 @@
-"""The connection timing rules, without sockets."""
+"""The connection timing rules and the connection cap, without sockets."""
 
 from __future__ import annotations
 
-from lota.connections import HeadClock
+import resource
+
+from lota.connections import HeadClock, connection_cap
 
 
 def test_a_new_connection_has_header_timeout_from_when_it_opened() -> None:
@@ -39,3 +41,10 @@ def test_the_first_byte_after_an_idle_spell_starts_the_header_clock() -> None:
     assert clock.expired(275.0) is None  # past the idle deadline: the head has its time
     assert clock.expired(280.0) == "header_timeout"
     assert clock.head_bytes(271.0) is False
+
+
+def test_the_cap_leaves_the_reserve_but_at_least_half_the_descriptors() -> None:
+    assert connection_cap(1_048_576, reserve=1152) == 1_048_576 - 1152
+    assert connection_cap(65536, reserve=1152) == 65536 - 1152
+    assert connection_cap(1024, reserve=1152) == 512
+    assert connection_cap(resource.RLIM_INFINITY, reserve=1152) == (1 << 20) - 1152
