@@ -14,6 +14,7 @@ Errors become S3 XML wherever they happen, including in aiohttp's own HTTP parse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import json
@@ -77,6 +78,10 @@ DELETE_BODY_LIMIT = 2 * 1024 * 1024
 # S3's 1,024 bytes, percent-encoded, must reach the KeyTooLongError check. Each header
 # line keeps aiohttp's 8 KiB bound, at most 128 of them.
 MAX_REQUEST_LINE = 64 * 1024
+# What a draining node still answers: everything else gets 503.
+PROBES = frozenset({"/_lota/healthz", "/_lota/readyz", "/_lota/metrics"})
+# Once the drain is over, seconds left for responses aiohttp is still writing.
+FLUSH_GRACE = 1.0
 # Catalog events after which other nodes' cached copies of the key are stale.
 _INVALIDATING_EVENTS = frozenset({EventKind.PUT, EventKind.DELETE, EventKind.INVALIDATE})
 # Operations after which cached copies of the addressed object(s) are stale.
@@ -109,6 +114,7 @@ class Node:
         # Cache fills run on their own: a stop lets them finish (see stop_serving).
         self.fills = TaskGroup("fills")
         self._drain_until: float | None = None
+        self._quiet = asyncio.Event()  # set when the drain finds no request in flight
         self.store: CacheStore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._passthrough: PassThrough | None = None
@@ -252,9 +258,20 @@ class Node:
             self.access_log.flush()
 
     def stop_serving(self) -> None:
-        """Not ready any more (health probes say so); the drain time starts now."""
+        """Not ready any more (health probes say so); the drain time starts now. Until it
+        ends, new S3 requests are answered 503 and their connections closed: serving them
+        could keep the drain from ever ending, and the client's retry finds a ready node
+        (or this node's successor, which cannot start before this process exits)."""
         self.ready = False
         self._drain_until = time.monotonic() + self.config.drain_timeout
+
+    async def drained(self) -> None:
+        """Until no request is in flight, or the drain time is up."""
+        assert self._drain_until is not None
+        remaining = self._drain_until - time.monotonic()
+        if self.inflight and remaining > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._quiet.wait(), remaining)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request; never raises except to abort a response already started."""
@@ -266,6 +283,8 @@ class Node:
             response = await self._answer(request, ctx)
         finally:
             self.inflight -= 1
+            if not self.inflight and self._drain_until is not None:
+                self._quiet.set()
         if self.access is not None and response.status < 300:
             self._record_access(ctx)
         elapsed = time.perf_counter() - ctx.started
@@ -294,6 +313,8 @@ class Node:
     async def _answer(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
         """Run the request's steps; turn every error into an S3 XML response."""
         try:
+            if self._drain_until is not None and request.path not in PROBES:
+                return self._refuse_while_draining(request, ctx)
             if ctx.operation == "Admin":
                 return await self._admin(request)
             return await self._s3(request, ctx)
@@ -483,6 +504,14 @@ class Node:
         await response.write_eof()
         return response
 
+    def _refuse_while_draining(
+        self, request: web.BaseRequest, ctx: RequestContext
+    ) -> web.StreamResponse:
+        err = S3Error("ServiceUnavailable", "This LOTA node is shutting down; retry.")
+        response = self._error(request, err, ctx)
+        response.force_close()
+        return response
+
     def _error(
         self, request: web.BaseRequest, exc: S3Error, ctx: RequestContext
     ) -> web.StreamResponse:
@@ -626,9 +655,7 @@ async def serve(
                 access_log=None,
                 max_line_size=MAX_REQUEST_LINE,
             )
-            runner = web.ServerRunner(
-                server, shutdown_timeout=config.drain_timeout, handle_signals=False
-            )
+            runner = web.ServerRunner(server, shutdown_timeout=FLUSH_GRACE, handle_signals=False)
             await runner.setup()
             host, port = config.listen_address
             site = web.TCPSite(runner, host, port, ssl_context=ssl_context(config), backlog=1024)
@@ -642,6 +669,10 @@ async def serve(
                 "shutting down: draining in-flight requests (up to %.0fs)", config.drain_timeout
             )
             node.stop_serving()
+            # The listener stays open meanwhile: probes see "not ready", not a refusal.
+            await node.drained()
+            if node.inflight:
+                log.warning("drain time is up: cutting %d requests in flight", node.inflight)
             await runner.cleanup()
             log.info("stopped")
     finally:

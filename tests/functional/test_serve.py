@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import signal
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 import warnings
 import zlib
@@ -136,6 +138,59 @@ async def test_sigterm_drains_in_flight_requests_then_exits_0(
         assert got == [data]
         assert time.monotonic() - started > 0.5  # it waited for the download
         assert "draining" in node.log_tail(20)
+
+
+async def test_after_sigterm_readyz_answers_503_while_a_slow_request_drains(
+    credentials_file: Path, tmp_path: Path
+) -> None:
+    import asyncio
+
+    # 24 MiB at 8 MB/s: three seconds of download still running after SIGTERM.
+    async with EmbeddedOrigin(bandwidth=8e6) as slow:
+        s3o = await asyncio.to_thread(_origin_client, slow)
+        await asyncio.to_thread(s3o.create_bucket, Bucket="drain")
+        data = b"d" * (24 * MiB)
+        await asyncio.to_thread(s3o.put_object, Bucket="drain", Key="slow", Body=data)
+        node = LotaProcess(
+            ["--origin", slow.endpoint, "--credentials", str(credentials_file)],
+            log_path=tmp_path / "lota.log",
+        )
+        await asyncio.to_thread(node.start)
+        assert node.proc is not None
+        s3 = client_for(node.url, retries={"max_attempts": 1}, read_timeout=60)
+        got: list[bytes] = []
+        reader = threading.Thread(
+            target=lambda: got.append(s3.get_object(Bucket="drain", Key="slow")["Body"].read())
+        )
+        reader.start()
+        await asyncio.sleep(0.5)
+        node.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        probes = await asyncio.to_thread(_probe, node.url, "/_lota/readyz", "/_lota/healthz")
+        assert probes == [(503, b"not ready\n"), (200, b"ok\n")]
+        # A new S3 request during the drain: 503, and the connection is not kept.
+        with pytest.raises(s3.exceptions.ClientError) as err:
+            await asyncio.to_thread(s3.list_objects_v2, Bucket="drain")
+        meta = err.value.response["ResponseMetadata"]
+        assert (meta["HTTPStatusCode"], err.value.response["Error"]["Code"]) == (
+            503,
+            "ServiceUnavailable",
+        )
+        assert meta["HTTPHeaders"].get("connection") == "close"
+        await asyncio.to_thread(reader.join)
+        assert got == [data]
+        assert await asyncio.to_thread(node.proc.wait, 30) == 0
+
+
+def _probe(url: str, *paths: str) -> list[tuple[int, bytes]]:
+    answers = []
+    for path in paths:
+        try:
+            with urllib.request.urlopen(url + path, timeout=5) as r:
+                answers.append((r.status, r.read()))
+        except urllib.error.HTTPError as exc:
+            answers.append((exc.code, exc.read()))
+    return answers
 
 
 def _origin_client(origin: EmbeddedOrigin) -> Any:
