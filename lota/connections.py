@@ -127,18 +127,10 @@ class HeadClock:
         return self.deadline is not None
 
     def opened(self, now: float) -> None:
-        self.deadline, self.reason, self.partial = (
-            now + self.header_timeout,
-            "header_timeout",
-            False,
-        )
+        self._wait(now + self.header_timeout, "header_timeout")
 
     def response_done(self, now: float) -> None:
-        self.deadline, self.reason, self.partial = (
-            now + self.keepalive_timeout,
-            "idle_timeout",
-            False,
-        )
+        self._wait(now + self.keepalive_timeout, "idle_timeout")
 
     def head_bytes(self, now: float) -> bool:
         """Bytes of a head arrived; True when that moved the deadline. The first byte after
@@ -159,6 +151,9 @@ class HeadClock:
         if self.deadline is None or now < self.deadline:
             return None
         return self.reason
+
+    def _wait(self, deadline: float, reason: Reason) -> None:
+        self.deadline, self.reason, self.partial = deadline, reason, False
 
 
 class GuardedRequestHandler(RequestHandler):
@@ -184,6 +179,7 @@ class GuardedRequestHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._guard.forget(self)
         self._cancel_timer()
+        self._last_body = None  # it refers back to this protocol
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
