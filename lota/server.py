@@ -646,10 +646,11 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
+        limits = connection_limits(config)  # raises the descriptor limit before files open
         async with Node(config) as node:
             server = S3Server(
                 node.handle,
-                limits=connection_limits(config),
+                limits=limits,
                 metrics=node.metrics,
                 request_id=next_request_id,
                 access_log=None,
