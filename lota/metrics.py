@@ -2,6 +2,8 @@
 
 Each :class:`Metrics` owns its own registry, so several nodes can live in one process
 (tests, the cluster simulator) without mixing their counters. ``/_lota/metrics`` renders it.
+No ``_created`` series (each counter's and histogram's creation time): they would double the
+series count, and ``rate()`` does not need them.
 """
 
 from __future__ import annotations
@@ -10,10 +12,23 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
+
+from lota import __version__
+
+# Process-wide in prometheus-client: every registry built from here on, ours included.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _CHILDREN = 512
 _LATENCY_BUCKETS = (
@@ -210,6 +225,8 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.build = Info("lota_build", "The LOTA version this node runs", registry=r)
+        self.build.info({"version": __version__})
         # labels() takes a lock and builds a key on every call, several times per request:
         # remember the children (label values here are few: operations, statuses, sources).
         for metric in vars(self).values():

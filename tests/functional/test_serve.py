@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from botocore.config import Config as BotoConfig
 
+from lota import __version__
 from lota.devtools import LotaProcess
 from lota.embedded import EmbeddedOrigin
 from tests.conftest import client_for
@@ -35,6 +36,8 @@ def test_probes_and_prometheus_metrics(lota: LotaProcess, s3: Any, bucket: str) 
     assert "lota_request_seconds_bucket" in metrics
     assert 'lota_origin_seconds_count{region="us-east"}' in metrics
     assert "lota_bytes_in_total" in metrics
+    assert f'lota_build_info{{version="{__version__}"}} 1.0' in metrics.splitlines()
+    assert not [line for line in metrics.splitlines() if "_created" in line]
 
 
 @pytest.fixture
