@@ -1,4 +1,5 @@
-"""HTTP plumbing shared by every path that relays bytes: header filtering, URL encoding.
+"""HTTP plumbing shared by every path that relays bytes: header filtering, URL encoding,
+and the response writer that keeps count of what each client was sent.
 
 No I/O here; the relaying itself lives with the paths that do it.
 """
@@ -7,6 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from urllib.parse import quote
+
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_writer import StreamWriter
+from multidict import CIMultiDict
+
+# Where a GET or HEAD was answered from: HIT | PEER | MISS | STALE | BYPASS (| PENDING).
+CACHE_HEADER = "x-lota-cache"
 
 # RFC 9110 section 7.6.1 hop-by-hop headers, plus the ones the relay sets itself.
 HOP_BY_HOP = frozenset(
@@ -87,3 +95,47 @@ def forwardable_response_headers(headers: Iterable[tuple[str, str]]) -> list[tup
         for name, value in headers
         if name.lower() not in HOP_BY_HOP or name.lower() == "content-length"
     ]
+
+
+class BodyWriter(StreamWriter):
+    """aiohttp's response writer, keeping count of what the client is sent: the status and
+    ``x-lota-cache`` header of the response, and its body bytes as handed to the socket
+    (without the header section, chunked framing or an interim ``100 Continue``).
+
+    The server gives each request one (:class:`lota.server.S3Server`) and reads it when
+    the response is over; body bytes sent around it are added with :func:`sent_beside`.
+    """
+
+    status = 0  # until the response's headers are written
+    cache = ""
+    body_size = 0
+
+    async def write_headers(self, status_line: str, headers: CIMultiDict[str]) -> None:
+        self.status = int(status_line.split(" ", 2)[1])
+        self.cache = headers.get(CACHE_HEADER, "")
+        await super().write_headers(status_line, headers)
+
+    async def write(
+        self,
+        chunk: bytes | bytearray | memoryview[int] | memoryview[bytes],
+        *,
+        drain: bool = True,
+        LIMIT: int = 0x10000,
+    ) -> None:
+        if self.status:
+            # aiohttp drops what would go past the declared Content-Length.
+            size = len(chunk)
+            self.body_size += size if self.length is None else min(size, self.length)
+        await super().write(chunk, drain=drain, LIMIT=LIMIT)
+
+    async def write_eof(self, chunk: bytes = b"") -> None:
+        self.body_size += len(chunk)
+        await super().write_eof(chunk)
+
+
+def sent_beside(writer: AbstractStreamWriter, count: int) -> None:
+    """Account for `count` body bytes sent on the socket itself (``sendfile``), not through
+    `writer`, as if they had been."""
+    writer.output_size += count
+    if isinstance(writer, BodyWriter):
+        writer.body_size += count

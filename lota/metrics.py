@@ -70,10 +70,15 @@ class Metrics:
             registry=r,
         )
         self.bytes_in = Counter(
-            "lota_bytes_in", "Request body bytes received from clients", registry=r
+            "lota_bytes_in",
+            "Request body bytes received from clients, as sent (aws-chunked framing included)",
+            registry=r,
         )
         self.bytes_out = Counter(
-            "lota_bytes_out", "Response body bytes sent to clients", registry=r
+            "lota_bytes_out",
+            "Response body bytes sent to clients, whatever the path (cache, fill, origin, "
+            "error); without headers or chunked framing",
+            registry=r,
         )
         self.auth_failures = Counter(
             "lota_auth_failures",
@@ -108,7 +113,8 @@ class Metrics:
         )
         self.cache_requests = Counter(
             "lota_cache_requests",
-            "Cacheable GET/HEAD requests by where the answer came from (HIT, MISS, STALE)",
+            "GetObject/HeadObject responses by the x-lota-cache header they carried "
+            "(HIT, PEER, MISS, STALE, BYPASS, PENDING)",
             ["source"],
             registry=r,
         )

@@ -13,7 +13,6 @@ from aiohttp import web
 
 from lota.auth.body import BodyDecoder
 from lota.http import PRESIGN_QUERY, forwardable_request_headers
-from lota.metrics import Metrics
 from lota.regions.origin import Body, OriginClient
 from lota.relay import (
     CHECKSUM_VALUE_LENGTH,
@@ -37,14 +36,12 @@ class PassThrough:
         origins: Mapping[str, OriginClient],
         home: Mapping[str, str],
         default: str,
-        metrics: Metrics,
         body_timeout: float = 60.0,
     ) -> None:
         self._body_timeout = body_timeout
         self._origins = origins
         self._home = home
         self._default = default
-        self._metrics = metrics
 
     def origin_for(self, bucket: str) -> OriginClient:
         return self._origins[self._home.get(bucket, self._default)]
@@ -75,7 +72,7 @@ class PassThrough:
             body=data,
             payload_hash=payload_hash,
         ) as origin:
-            return await relay_response(request, origin, self._metrics, BYPASS)
+            return await relay_response(request, origin, BYPASS)
 
     def _body(
         self, request: web.BaseRequest, decoder: BodyDecoder, headers: dict[str, str]
@@ -88,7 +85,7 @@ class PassThrough:
                     "MissingContentLength", "You must provide the Content-Length HTTP header."
                 )
             return None, "UNSIGNED-PAYLOAD"
-        payload = verified_body(request, decoder, self._metrics, self._body_timeout)
+        payload = verified_body(request, decoder, self._body_timeout)
         trailer_names = _declared_trailers(request.headers.get("x-amz-trailer", ""))
         if not trailer_names:
             headers["content-length"] = str(length)

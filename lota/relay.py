@@ -22,7 +22,6 @@ from aiohttp import web
 
 from lota.auth.body import BodyDecoder
 from lota.http import forwardable_response_headers
-from lota.metrics import Metrics
 from lota.s3.errors import S3Error
 
 log = logging.getLogger("lota.relay")
@@ -41,7 +40,7 @@ CHECKSUM_VALUE_LENGTH = {
 
 
 async def verified_body(
-    request: web.BaseRequest, decoder: BodyDecoder, metrics: Metrics, idle_timeout: float
+    request: web.BaseRequest, decoder: BodyDecoder, idle_timeout: float
 ) -> AsyncIterator[bytes]:
     """Yield the decoded request body, holding the last piece until it all verified.
 
@@ -61,7 +60,6 @@ async def verified_body(
                 ) from None
             if not data:
                 break
-            metrics.bytes_in.inc(len(data))
             out = decoder.feed(data)
             if out:
                 if held:
@@ -80,13 +78,12 @@ async def verified_body(
 async def read_small_body(
     request: web.BaseRequest,
     decoder: BodyDecoder,
-    metrics: Metrics,
     limit: int,
     idle_timeout: float,
 ) -> bytes:
     """Read and verify a whole request body that LOTA must look into (DeleteObjects)."""
     body = bytearray()
-    async for piece in verified_body(request, decoder, metrics, idle_timeout):
+    async for piece in verified_body(request, decoder, idle_timeout):
         body += piece
         if len(body) > limit:
             raise S3Error("MalformedXML", f"The request body is larger than {limit} bytes.")
@@ -127,7 +124,6 @@ async def aws_chunked(
 async def relay_response(
     request: web.BaseRequest,
     origin: aiohttp.ClientResponse,
-    metrics: Metrics,
     extra_headers: dict[str, str] | None = None,
 ) -> web.StreamResponse:
     """Stream an origin response to the client: status, headers and body as they are."""
@@ -140,7 +136,6 @@ async def relay_response(
     if request.method != "HEAD":
         try:
             async for piece in origin.content.iter_chunked(READ_SIZE):
-                metrics.bytes_out.inc(len(piece))
                 await response.write(piece)
         except aiohttp.ClientPayloadError:
             log.warning("origin body broke off: %s %s; aborting", request.method, request.path)

@@ -30,7 +30,10 @@ from xml.sax.saxutils import escape
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_exceptions import LineTooLong
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from lota.auth import Authenticator, Authorized
@@ -44,6 +47,7 @@ from lota.catalog import Catalog, CatalogUnavailable, EventKind, PendingSummary,
 from lota.clock import Clock
 from lota.config import Config, ConfigError, StartupError
 from lota.connections import GuardedRequestHandler, GuardedServer, connection_limits
+from lota.http import BodyWriter
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.lifecycle.state import LifecycleState
@@ -70,6 +74,8 @@ from lota.s3.xml import deleted_keys
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.server")
+# Operations counted by the x-lota-cache header of their response (lota_cache_requests).
+_READS = frozenset({"GetObject", "HeadObject"})
 # Operations that count as an access to their object (lifecycle tiering).
 ACCESSES = frozenset({"GetObject", "PutObject", "CopyObject", "CompleteMultipartUpload"})
 # S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
@@ -148,7 +154,6 @@ class Node:
             origins,
             self.config.bucket_regions,
             self.config.default_region,
-            self.metrics,
             self.config.body_timeout,
         )
         try:
@@ -281,25 +286,43 @@ class Node:
         self.inflight += 1
         try:
             response = await self._answer(request, ctx)
+            if self.access is not None and response.status < 300:
+                self._record_access(ctx)
+            # Sent now rather than by aiohttp once we return, so that all of it is counted.
+            await response.prepare(request)
+            await response.write_eof()
+            return response
         finally:
             self.inflight -= 1
             if not self.inflight and self._drain_until is not None:
                 self._quiet.set()
-        if self.access is not None and response.status < 300:
-            self._record_access(ctx)
+            self._account(request, ctx)
+
+    def _account(self, request: web.BaseRequest, ctx: RequestContext) -> None:
+        """Count and log the response as it went out, from what its writer saw (a response
+        cut short included): status, x-lota-cache header, body bytes."""
+        sent = request.writer
+        assert isinstance(sent, BodyWriter)
         elapsed = time.perf_counter() - ctx.started
-        self.metrics.requests.labels(ctx.operation, str(response.status)).inc()
-        self.metrics.request_seconds.labels(ctx.operation).observe(elapsed)
+        received = request.content.total_bytes
+        m = self.metrics
+        m.bytes_out.inc(sent.body_size)
+        if received:
+            m.bytes_in.inc(received)
+        if sent.status:  # else nothing went out: the client left, or a shutdown cut it short
+            m.requests.labels(ctx.operation, str(sent.status)).inc()
+            m.request_seconds.labels(ctx.operation).observe(elapsed)
+            if sent.cache and ctx.operation in _READS:
+                m.cache_requests.labels(sent.cache).inc()
         self.access_log.write(
             request.remote,
             request.method,
             request.raw_path,
-            response.status,
+            sent.status,
             ctx.operation,
             elapsed,
             ctx.request_id,
         )
-        return response
 
     def _record_access(self, ctx: RequestContext) -> None:
         """Reads LOTA serves (cache hits included) and writes count as accesses for tiering;
@@ -339,7 +362,7 @@ class Node:
         if "range" in request.headers and ctx.operation == "GetObject":
             parse_range(request.headers["range"])
         assert self._passthrough is not None
-        read = ctx.operation in ("GetObject", "HeadObject")
+        read = ctx.operation in _READS
         if read:
             if self._router is not None:
                 routed = await self._router.read(request, target)
@@ -373,9 +396,7 @@ class Node:
     ) -> web.StreamResponse:
         """DeleteObjects: each named key needs s3:DeleteObject, as S3 checks it per key."""
         assert self._passthrough is not None
-        body = await read_small_body(
-            request, decoder, self.metrics, DELETE_BODY_LIMIT, self.config.body_timeout
-        )
+        body = await read_small_body(request, decoder, DELETE_BODY_LIMIT, self.config.body_timeout)
         keys = deleted_keys(body)
         for key in keys:
             if not self.auth.allows(authorized, "s3:DeleteObject", object_arn(target.bucket, key)):
@@ -474,7 +495,7 @@ class Node:
         if request.method == "PUT":
             decoder = make_decoder(view, None)
             body = await read_small_body(
-                request, decoder, self.metrics, DELETE_BODY_LIMIT, self.config.body_timeout
+                request, decoder, DELETE_BODY_LIMIT, self.config.body_timeout
             )
             try:
                 self.lifecycle.replace(body.decode("utf-8", "replace"))
@@ -620,10 +641,23 @@ class S3RequestHandler(GuardedRequestHandler):
 
 
 class S3Server(GuardedServer):
-    """aiohttp's low-level server using :class:`S3RequestHandler` for each connection."""
+    """aiohttp's low-level server using :class:`S3RequestHandler` for each connection, and
+    a :class:`BodyWriter` for each response."""
 
     def __call__(self) -> RequestHandler:
         return S3RequestHandler(self, loop=self._loop, **self._kwargs)
+
+    def _make_request(
+        self,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        # In place of the writer aiohttp made: this one keeps count of what went out.
+        counted = BodyWriter(protocol, self._loop)
+        return web.BaseRequest(message, payload, protocol, counted, task, self._loop)
 
 
 def ssl_context(config: Config) -> ssl.SSLContext | None:

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from lota.cache.fill import ChunkFill, Filler
 from lota.cache.store import CachedObject, read_resident
+from lota.http import sent_beside
 from lota.metrics import Metrics
 from lota.regions.origin import OriginClient
 from lota.s3.errors import OriginError
@@ -253,7 +254,7 @@ class Deliverer:
                 _shutdown(out)
                 await asyncio.wait({sending})
             os.close(out)
-        writer.output_size += count
+        sent_beside(writer, count)
 
 
 async def _pread(fd: int, count: int, offset: int) -> bytes | bytearray:

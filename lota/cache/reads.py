@@ -9,7 +9,8 @@
 * deliver: conditions, range and headers are answered from the entry; the body streams
   from chunks (see :mod:`lota.cache.deliver`).
 
-Every response carries ``x-lota-cache: HIT | MISS | STALE | BYPASS``.
+Every response carries ``x-lota-cache: HIT | MISS | STALE``: the server counts responses
+by that header (see :mod:`lota.server`), so it is the one place the source is decided.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from lota.cache.fill import Filler, OriginReply, object_meta
 from lota.cache.store import CachedObject, CacheStore, ObjectMeta
 from lota.clock import Clock
 from lota.config import CacheConfig
+from lota.http import CACHE_HEADER
 from lota.metrics import Metrics
 from lota.regions.origin import OriginClient
 from lota.s3 import conditions
@@ -37,7 +39,6 @@ from lota.s3.ranges import content_range, parse_range
 
 log = logging.getLogger("lota.cache")
 
-CACHE_HEADER = "x-lota-cache"
 # Query parameters that only rewrite response headers; applied locally on hits.
 RESPONSE_OVERRIDES = {
     "response-content-type": "Content-Type",
@@ -111,7 +112,6 @@ class ReadPath:
                     self.on_archived(origin, target.bucket, target.key)
                 return _reply(result)
             obj, source = result, "MISS"
-        self._metrics.cache_requests.labels(source).inc()
         return await self._respond(request, target, origin, obj, source)
 
     # -- freshness --------------------------------------------------------------------

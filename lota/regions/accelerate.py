@@ -81,7 +81,7 @@ class Accelerator:
     ) -> web.StreamResponse:
         length = _length(decoder)
         started = time.perf_counter()
-        body = verified_body(request, decoder, self._metrics, self._body_timeout)
+        body = verified_body(request, decoder, self._body_timeout)
         staged = await self.staging.put(target.bucket, body, length)
         etag = f'"{staged.md5}"'
         checksums = _checksums(request.headers, decoder)
@@ -218,7 +218,7 @@ class Accelerator:
     ) -> web.StreamResponse:
         key, upload, _ = decode_upload_id(upload_id)
         length = _length(decoder)
-        body = verified_body(request, decoder, self._metrics, self._body_timeout)
+        body = verified_body(request, decoder, self._body_timeout)
         md5 = await self.staging.upload_part(key, upload, number, body, length)
         checksums = _checksums(request.headers, decoder)
         return web.Response(status=200, headers={"ETag": f'"{md5}"', **checksums})
@@ -227,9 +227,7 @@ class Accelerator:
         self, request: web.BaseRequest, target: Target, decoder: BodyDecoder, upload_id: str
     ) -> web.StreamResponse:
         key, upload, headers = decode_upload_id(upload_id)
-        body = await read_small_body(
-            request, decoder, self._metrics, 4 * 1024 * 1024, self._body_timeout
-        )
+        body = await read_small_body(request, decoder, 4 * 1024 * 1024, self._body_timeout)
         etag, sizes = await self.staging.complete_multipart(key, upload, body)
         location = Location("s3", self.staging.region, self.staging.bucket, key)
         await self._commit(target, headers, location, sum(sizes), etag, {}, tuple(sizes))
