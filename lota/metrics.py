@@ -118,6 +118,14 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.cache_request_seconds = Histogram(
+            "lota_cache_request_seconds",
+            "Time from request start to the last byte of GetObject/HeadObject responses, "
+            "by their x-lota-cache header",
+            ["source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.cache_bytes = Counter(
             "lota_cache_bytes",
             "Object bytes sent to clients by the read path, by source: hit (stored chunk), "

@@ -314,6 +314,7 @@ class Node:
             m.request_seconds.labels(ctx.operation).observe(elapsed)
             if sent.cache and ctx.operation in _READS:
                 m.cache_requests.labels(sent.cache).inc()
+                m.cache_request_seconds.labels(sent.cache).observe(elapsed)
         self.access_log.write(
             request.remote,
             request.method,

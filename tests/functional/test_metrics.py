@@ -198,3 +198,8 @@ def test_source_counters_agree_with_x_lota_cache_aws_cli_head_then_ranged_gets_o
         for source in ("HIT", "PEER", "MISS", "STALE", "BYPASS", "PENDING")
     }
     assert counted == {source: seen.get(source, 0) for source in counted}
+    timed = {
+        source: delta(before, after, "lota_cache_request_seconds_count", source=source)
+        for source in counted
+    }
+    assert timed == counted
