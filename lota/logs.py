@@ -4,6 +4,14 @@ Writing a log line is blocking I/O: the event loop only puts records on a queue,
 listener thread formats and writes them. The access log writes one line per request, so
 it skips the logging machinery altogether (:class:`AccessLog`): the loop formats a line
 into a list, and the list goes to the writer thread as one record every few milliseconds.
+
+An access line::
+
+    REMOTE "METHOD PATH" STATUS OPERATION 1.5ms id=REQUEST_ID cache=HIT out=BODY_BYTES_SENT
+        in=BODY_BYTES_RECEIVED principal=NAME [err=S3_ERROR_CODE]
+
+It never holds a secret: no Authorization header, and presigned signatures and session
+tokens in the path are replaced by ``REDACTED``.
 """
 
 from __future__ import annotations
@@ -20,6 +28,11 @@ ACCESS = "lota.access"
 # An access-log batch is handed to the writer after this long, or at this many lines.
 FLUSH_AFTER = 0.05
 FLUSH_LINES = 512
+
+# Query parameters that would let whoever reads the log replay the request (presigned
+# signatures, SigV4's X-Amz-Signature and SigV2's Signature, and session tokens), by how
+# their names end, whatever the case of their first letters.
+_SECRET_PARAMS = ("ignature=", "ecurity-Token=", "ecurity-token=")
 
 # Where batches of finished lines go once `setup` has run; before, they are logged one by
 # one through the "lota.access" logger (tests and embedders with their own handlers).
@@ -75,13 +88,26 @@ class AccessLog:
         operation: str,
         seconds: float,
         request_id: str,
+        *,
+        cache: str = "-",
+        sent: int = 0,
+        received: int = 0,
+        principal: str = "-",
+        error: str = "",
     ) -> None:
+        """One line: `sent` and `received` are body bytes; `cache` the x-lota-cache header;
+        `error` the S3 error code LOTA answered with, if any. Status 0: nothing was sent."""
         if not self._logger.isEnabledFor(logging.INFO):
             return
+        if "?" in path:
+            path = redacted(path)
         message = (
             f'{remote} "{method} {path[:256]}" {status} {operation}'
-            f" {seconds * 1000:.1f}ms id={request_id}"
+            f" {seconds * 1000:.1f}ms id={request_id} cache={cache} out={sent} in={received}"
+            f" principal={principal}"
         )
+        if error:
+            message += f" err={error}"
         if not _batches:
             self._logger.info("%s", message)
             return
@@ -113,3 +139,15 @@ class AccessLog:
             self._second = second
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
         return f"{self._stamp},{int((now - second) * 1000):03d}"
+
+
+def redacted(path: str) -> str:
+    """`path` with the value of each secret query parameter replaced by ``REDACTED``."""
+    for marker in _SECRET_PARAMS:
+        start = path.find(marker)
+        while start != -1:
+            start += len(marker)
+            end = path.find("&", start)
+            path = path[:start] + "REDACTED" + ("" if end == -1 else path[end:])
+            start = path.find(marker, start)
+    return path

@@ -36,7 +36,7 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from lota.auth import Authenticator, Authorized
+from lota.auth import Authenticator, Authorized, Refused
 from lota.auth.body import BodyDecoder, make_decoder
 from lota.auth.sigv4 import RequestView
 from lota.cache.fill import Filler
@@ -323,6 +323,11 @@ class Node:
             ctx.operation,
             elapsed,
             ctx.request_id,
+            cache=sent.cache or "-",
+            sent=sent.body_size,
+            received=received,
+            principal=ctx.principal,
+            error=ctx.error,
         )
 
     def _record_access(self, ctx: RequestContext) -> None:
@@ -358,6 +363,8 @@ class Node:
         view = RequestView(request.method, target.raw_path, target.query, request.headers)
         authorized = self.auth.authenticate(view, target.bucket, target.key)
         ctx.operation = authorized.operation.name
+        if authorized.principal is not None:
+            ctx.principal = authorized.principal.name
         ctx.bucket, ctx.key = target.bucket, target.key
         ctx.copy_source = authorized.operation.copy_source
         if "range" in request.headers and ctx.operation == "GetObject":
@@ -539,6 +546,11 @@ class Node:
     ) -> web.StreamResponse:
         if exc.status == 403:
             self.metrics.auth_failures.labels(exc.code).inc()
+        if isinstance(exc, Refused):
+            ctx.principal = exc.principal
+            if ctx.operation == "Unknown":
+                ctx.operation = exc.operation
+        ctx.error = exc.code
         response = error_response(exc, ctx.request_id)
         if request.body_exists and not request.content.is_eof():
             # The body was never read (a client waiting for 100-continue may never send
@@ -550,7 +562,16 @@ class Node:
 class RequestContext:
     """What the handler learns about a request as it goes, for metrics and the access log."""
 
-    __slots__ = ("bucket", "copy_source", "key", "operation", "request_id", "started")
+    __slots__ = (
+        "bucket",
+        "copy_source",
+        "error",
+        "key",
+        "operation",
+        "principal",
+        "request_id",
+        "started",
+    )
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
@@ -558,6 +579,8 @@ class RequestContext:
         self.operation = "Unknown"
         self.bucket = self.key = ""
         self.copy_source: tuple[str, str] | None = None
+        self.principal = "-"
+        self.error = ""  # the S3 error code LOTA answered with
 
 
 _REQUEST_PREFIX = uuid.uuid4().hex[:6].upper()

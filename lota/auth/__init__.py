@@ -3,7 +3,7 @@
 The server calls one object, :class:`Authenticator`, for every request (cache hits
 included)::
 
-    authorized = authenticator.authenticate(view, bucket, key)   # raises S3Error
+    authorized = authenticator.authenticate(view, bucket, key)   # raises Refused
     decoder = authenticator.decoder(view, authorized)            # for requests with a body
 
 Modules: :mod:`.sigv4` (signatures, both directions), :mod:`.sigv2` (the SigV2 that
@@ -29,7 +29,7 @@ from lota.auth.sigv4 import RequestView, Verified, sign_headers, verify
 from lota.clock import Clock
 from lota.config import AuthConfig
 from lota.s3.errors import S3Error
-from lota.s3.operations import Operation, classify, object_arn
+from lota.s3.operations import KNOWN, Operation, classify, object_arn
 
 __all__ = [
     "Authenticator",
@@ -38,6 +38,7 @@ __all__ = [
     "CredentialStore",
     "Policy",
     "Principal",
+    "Refused",
     "RequestView",
     "Verified",
     "sign_headers",
@@ -53,6 +54,23 @@ class Authorized:
     principal: Principal | None
     operation: Operation
     verified: Verified | None
+
+
+class Refused(S3Error):
+    """Authentication or authorization failed: the S3 error, and what the access log may say
+    about the request: the operation it asked for (``Unknown`` when S3 has no such name) and
+    who was refused (``-`` unless the signature checked out)."""
+
+    def __init__(self, error: S3Error, operation: str, principal: str = "-") -> None:
+        super().__init__(
+            error.code,
+            error.message,
+            status=error.status,
+            resource=error.resource,
+            extra=error.extra,
+        )
+        self.operation = operation
+        self.principal = principal
 
 
 class Authenticator:
@@ -88,7 +106,10 @@ class Authenticator:
                 return known
         now = self._clock.now()
         # Who is asking comes first: nothing about the request is judged for a stranger.
-        verified, query = self._verify(self._store, view, bucket, key, now)
+        try:
+            verified, query = self._verify(self._store, view, bucket, key, now)
+        except S3Error as exc:
+            raise Refused(exc, _asked_for(view, bucket, key)) from exc
         operation = classify(view.method, bucket, key, query, view.headers)
         principal = verified.principal
         self._require(principal, operation.action, operation.resource, operation.name)
@@ -139,7 +160,18 @@ class Authenticator:
     def _require(principal: Principal, action: str, resource: str, operation: str) -> None:
         if not principal.policy.allows(action, resource):
             logger.info("denied %s: %s needs %s on %s", principal.name, operation, action, resource)
-            raise S3Error("AccessDenied", "Access Denied")
+            raise Refused(S3Error("AccessDenied", "Access Denied"), operation, principal.name)
+
+
+def _asked_for(view: RequestView, bucket: str, key: str) -> str:
+    """The operation a request that failed verification asked for, for the log only.
+    Names S3 does not have are ``Unknown``: a stranger must not mint metric labels."""
+    query = sigv2.operation_query(view) if sigv2.is_sigv2(view) else view.query
+    try:
+        name = classify(view.method, bucket, key, query, view.headers).name
+    except S3Error:
+        return "Unknown"
+    return name if name in KNOWN else "Unknown"
 
 
 # What identifies a request for :class:`RecentlyVerified`: method, path, query, bucket, key

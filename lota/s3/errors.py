@@ -7,7 +7,9 @@
     │   ├── client errors (4xx)     InvalidRequest, InvalidArgument, InvalidRange,
     │   │                           InvalidBucketName, KeyTooLongError, AccessDenied,
     │   │                           SignatureDoesNotMatch, InvalidAccessKeyId, ...
-    │   └── server errors (5xx)     ServiceUnavailable (origin unreachable), InternalError
+    │   ├── server errors (5xx)     ServiceUnavailable (origin unreachable), InternalError
+    │   └── Refused (lota.auth)     an authentication or authorization failure, also naming
+    │                               the operation and principal for the access log
     └── OriginError                 the origin could not be reached or broke off mid-stream;
                                     translated once, at the boundary, to ServiceUnavailable
                                     or an aborted response

@@ -159,6 +159,19 @@ _UPLOAD: dict[str, tuple[str, str]] = {
 
 _VERB = {"GET": "Get", "HEAD": "Head", "PUT": "Put", "POST": "Post", "DELETE": "Delete"}
 
+# Every name `classify` gives that S3 has; the rest are generic names built from the request.
+KNOWN = frozenset(
+    {
+        *(name for name, _ in _BUCKET.values()),
+        *(name for name, _, _ in _OBJECT.values()),
+        *(name for name, _ in _UPLOAD.values()),
+        "ListBuckets",
+        "ListObjectsV2",
+        "CopyObject",
+        "UploadPartCopy",
+    }
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Operation:

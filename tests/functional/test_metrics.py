@@ -10,11 +10,13 @@ import os
 import re
 import subprocess
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -203,3 +205,72 @@ def test_source_counters_agree_with_x_lota_cache_aws_cli_head_then_ranged_gets_o
         for source in counted
     }
     assert timed == counted
+
+
+def access_lines(node: LotaProcess, count: int) -> list[str]:
+    """The node's access log, once it holds `count` lines (it is written in batches)."""
+    for _ in range(100):
+        lines = [line for line in node.log_path.read_text().splitlines() if " lota.access " in line]
+        if len(lines) >= count:
+            return lines
+        time.sleep(0.05)
+    raise AssertionError(f"only {len(lines)} access lines:\n" + "\n".join(lines))
+
+
+def test_access_log_has_cache_bytes_principal_and_why_auth_failed_never_a_secret(
+    node: LotaProcess, origin_s3: Any, bucket: str
+) -> None:
+    origin_s3.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
+    admin, reader = client_for(node.url), client_for(node.url, "reader")
+    signatures: list[str] = []
+    for client in (admin, reader):
+        client.meta.events.register(
+            "before-send.s3.*",
+            lambda request, **_: signatures.append(
+                header(request, "Authorization").rsplit("Signature=", 1)[1]
+            ),
+        )
+    admin.get_object(Bucket=bucket, Key="k")["Body"].read()
+    read_until_hit(admin, bucket, "k")
+    admin.put_object(Bucket=bucket, Key="up", Body=b"y" * 1234)
+    with pytest.raises(reader.exceptions.ClientError, match="AccessDenied"):
+        reader.put_object(Bucket=bucket, Key="denied", Body=b"z")
+    key, secret, _ = PRINCIPALS["reader"]
+    for key_id, wrong in ((key, "not-" + secret), ("AKIANOBODY000000001", secret)):
+        stranger = boto3.client(
+            "s3",
+            endpoint_url=node.url,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=wrong,
+            region_name="us-east-1",
+        )
+        with pytest.raises(stranger.exceptions.ClientError):
+            stranger.get_object(Bucket=bucket, Key="k")
+    urls = [  # boto3's default presigns with SigV2 (Signature=), the other with SigV4
+        s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"})
+        for s3 in (admin, client_for(node.url, signature_version="s3v4"))
+    ]
+    for url in urls:
+        with urllib.request.urlopen(url) as r:
+            assert r.read() == b"x" * 1000
+    presigned = [re.search(r"Signature=([^&]+)", url)[1] for url in urls]  # type: ignore[index]
+    lines = access_lines(node, 8)
+    log = "\n".join(lines)
+
+    def matching(pattern: str) -> list[str]:
+        found = [x for x in lines if re.search(pattern, x)]
+        assert found, f"no access line like {pattern!r}:\n{log}"
+        return found
+
+    reads = matching(r'"GET /[^ ]+/k" 200 GetObject ')
+    assert " cache=MISS out=1000 in=0 principal=admin" in reads[0]
+    assert " cache=HIT out=1000 in=0 principal=admin" in reads[-1]
+    assert " cache=BYPASS out=0 in=1234 principal=admin" in matching(" 200 PutObject ")[0]
+    assert " principal=reader err=AccessDenied" in matching(r"/denied\" 403 PutObject ")[0]
+    assert re.search(" 403 GetObject .* principal=- err=SignatureDoesNotMatch$", log, re.M)
+    assert re.search(" 403 GetObject .* principal=- err=InvalidAccessKeyId$", log, re.M)
+    for signed in matching(r"[?&](X-Amz-)?Signature="):
+        assert " 200 GetObject " in signed and " principal=admin" in signed
+    for secret_text in [s for _, s, _ in PRINCIPALS.values()] + signatures + presigned:
+        assert secret_text not in log
+    assert "Authorization" not in log and "AWS4-HMAC-SHA256 Credential" not in log

@@ -16,7 +16,7 @@ from botocore.awsrequest import AWSPreparedRequest
 from botocore.config import Config
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from lota.auth import Authenticator, Authorized
+from lota.auth import Authenticator, Authorized, Refused
 from lota.auth.sigv4 import RequestView
 from lota.clock import FakeClock
 from lota.config import AuthConfig, ConfigError
@@ -190,6 +190,32 @@ def test_bad_signature_is_refused_before_policy(credentials: Path) -> None:
     with pytest.raises(S3Error) as info:
         late.authenticate(view, bucket, key)
     assert info.value.code == "RequestTimeTooSkewed"
+
+
+def test_a_refusal_says_which_operation_was_asked_for_and_who_was_refused(
+    credentials: Path,
+) -> None:
+    # For the access log: a failed login is not an "Unknown" operation.
+    error = denied(
+        credentials, "reader", lambda s3: s3.put_object(Bucket="bkt", Key="k", Body=b"x")
+    )
+    assert isinstance(error, Refused)
+    assert (error.code, error.operation, error.principal) == ("AccessDenied", "PutObject", "reader")
+    view, bucket, key, when, _ = signed("reader", lambda s3: s3.get_object(Bucket="bkt", Key="k"))
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
+    forged = RequestView(view.method, "/bkt/other", view.query, view.headers)
+    with pytest.raises(Refused) as info:
+        auth.authenticate(forged, bucket, "other")
+    assert (info.value.code, info.value.operation, info.value.principal) == (
+        "SignatureDoesNotMatch",
+        "GetObject",
+        "-",
+    )
+    # A stranger's made-up subresource is not repeated: it would be a new metric label.
+    odd = RequestView(view.method, f"/{bucket}/{key}?made-up", (("made-up", ""),), view.headers)
+    with pytest.raises(Refused) as info:
+        auth.authenticate(odd, bucket, key)
+    assert (info.value.code, info.value.operation) == ("SignatureDoesNotMatch", "Unknown")
 
 
 def test_per_key_checks_for_delete_objects(credentials: Path) -> None:

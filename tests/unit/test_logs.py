@@ -14,7 +14,8 @@ from lota import logs
 
 LINE = re.compile(
     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO lota\.access "
-    r'127\.0\.0\.1 "GET /b/k\d+" 200 GetObject 1\.5ms id=R\d+'
+    r'127\.0\.0\.1 "GET /b/k\d+" 200 GetObject 1\.5ms id=R\d+ '
+    r"cache=HIT out=\d+ in=0 principal=trainer"
 )
 
 
@@ -29,7 +30,18 @@ def writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[queue.SimpleQueue[loggin
 
 
 def write(log: logs.AccessLog, n: int) -> None:
-    log.write("127.0.0.1", "GET", f"/b/k{n}", 200, "GetObject", 0.0015, f"R{n}")
+    log.write(
+        "127.0.0.1",
+        "GET",
+        f"/b/k{n}",
+        200,
+        "GetObject",
+        0.0015,
+        f"R{n}",
+        cache="HIT",
+        sent=n,
+        principal="trainer",
+    )
 
 
 def drained(records: queue.SimpleQueue[logging.LogRecord]) -> list[str]:
@@ -71,8 +83,50 @@ async def test_without_the_writer_thread_lines_go_through_logging(
     caplog.set_level(logging.INFO, logger=logs.ACCESS)
     write(logs.AccessLog(), 7)
     assert [r.getMessage() for r in caplog.records] == [
-        '127.0.0.1 "GET /b/k7" 200 GetObject 1.5ms id=R7'
+        '127.0.0.1 "GET /b/k7" 200 GetObject 1.5ms id=R7 cache=HIT out=7 in=0 principal=trainer'
     ]
+
+
+async def test_a_refused_request_says_why_and_who_was_unknown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=logs.ACCESS)
+    logs.AccessLog().write(
+        "10.0.0.1", "PUT", "/b/k", 403, "PutObject", 0.001, "R1", received=12,
+        error="SignatureDoesNotMatch",
+    )  # fmt: skip
+    assert caplog.records[0].getMessage() == (
+        '10.0.0.1 "PUT /b/k" 403 PutObject 1.0ms id=R1 cache=- out=0 in=12 principal=-'
+        " err=SignatureDoesNotMatch"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "logged"),
+    [
+        (
+            "/b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AK%2F20250101%2Fus-east-1"
+            "%2Fs3%2Faws4_request&X-Amz-Date=20250101T000000Z&X-Amz-Expires=60"
+            "&X-Amz-SignedHeaders=host&X-Amz-Signature=" + "ab12" * 16,
+            "/b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AK%2F20250101%2Fus-east-1"
+            "%2Fs3%2Faws4_request&X-Amz-Date=20250101T000000Z&X-Amz-Expires=60"
+            "&X-Amz-SignedHeaders=host&X-Amz-Signature=REDACTED",
+        ),
+        (
+            "/b/k?AWSAccessKeyId=AK&Signature=a%2Bb%3D&Expires=9&x-amz-security-token=t0k",
+            "/b/k?AWSAccessKeyId=AK&Signature=REDACTED&Expires=9&x-amz-security-token=REDACTED",
+        ),
+        ("/b/k?X-Amz-Signature=1&Signature=2", "/b/k?X-Amz-Signature=REDACTED&Signature=REDACTED"),
+        ("/b/Signature=in-the-key", "/b/Signature=in-the-key"),
+        ("/b/k?list-type=2&prefix=Signature", "/b/k?list-type=2&prefix=Signature"),
+    ],
+)
+async def test_presigned_signatures_and_tokens_never_reach_the_log(
+    caplog: pytest.LogCaptureFixture, path: str, logged: str
+) -> None:
+    caplog.set_level(logging.INFO, logger=logs.ACCESS)
+    logs.AccessLog().write("127.0.0.1", "GET", path, 200, "GetObject", 0.001, "R1")
+    assert f'"GET {logged}" 200 ' in caplog.records[0].getMessage()
 
 
 async def test_nothing_is_written_when_the_access_log_is_off(
