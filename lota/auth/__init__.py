@@ -3,7 +3,7 @@
 The server calls one object, :class:`Authenticator`, for every request (cache hits
 included)::
 
-    authorized = authenticator.authenticate(view, bucket, key)   # raises Refused
+    authorized = authenticator.authenticate(view, bucket, key)   # raises Refused, S3Error
     decoder = authenticator.decoder(view, authorized)            # for requests with a body
 
 Modules: :mod:`.sigv4` (signatures, both directions), :mod:`.sigv2` (the SigV2 that
@@ -95,7 +95,8 @@ class Authenticator:
             )
 
     def authenticate(self, view: RequestView, bucket: str, key: str) -> Authorized:
-        """Verify the request, name its operation and check the policy; raise S3Error if not."""
+        """Verify the request, name its operation and check the policy. Raises Refused when
+        the signature or the policy says no, S3Error when the request is malformed."""
         if self._store is None:
             operation = classify(view.method, bucket, key, view.query, view.headers)
             return Authorized(principal=None, operation=operation, verified=None)
