@@ -21,7 +21,7 @@ class Clock:
 
     @classmethod
     def from_environment(cls) -> Clock:
-        from lota.config import parse_duration
+        from lota.settings import parse_duration
 
         raw = os.environ.get("LOTA_TIME_OFFSET", "").strip()
         if not raw:

@@ -4,73 +4,51 @@ Precedence, lowest first: built-in defaults, the TOML file (``--config``), ``LOT
 environment variables, command-line flags. Nothing else reads configuration; the rest of
 the code receives a :class:`Config` (or the part of it it needs).
 
-Sizes accept ``"10GiB"``, ``"512MB"``, ``"8MiB"`` or a plain byte count; durations accept
-``"30s"``, ``"5m"``, ``"1h"``, ``"60d"`` or a plain number of seconds.
+Every setting also has a variable, by one rule: ``LOTA_`` + its TOML path in capitals with
+``.`` and ``-`` as ``_`` (``cache.readahead`` -> ``LOTA_CACHE_READAHEAD``,
+``regions.eu-west.endpoint`` -> ``LOTA_REGIONS_EU_WEST_ENDPOINT``). Lists are
+comma-separated, tables ``KEY=VALUE`` pairs, ``lifecycle.rules`` JSON. A ``LOTA_*``
+variable that is not a setting (nor one of :data:`NOT_SETTINGS`) is an error.
+
+Values are parsed by kind (:mod:`lota.settings`): sizes accept ``"10GiB"``, ``"512MB"`` or
+a byte count; durations ``"30s"``, ``"5m"``, ``"1h"``, ``"60d"`` or seconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import json
 import os
 import re
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.config import from_toml as lifecycle_from_toml
+from lota.lifecycle.rules import TIERS
 from lota.s3.addressing import is_valid_bucket_name
+from lota.settings import (
+    ConfigError,
+    Duration,
+    Size,
+    coerce,
+    parse_duration,
+    parse_size,
+    section_values,
+    split_table,
+)
 
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
-_DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message says which setting and why."""
+__all__ = ["Config", "ConfigError", "StartupError", "load", "parse_duration", "parse_size"]
 
 
 class StartupError(Exception):
     """LOTA cannot start: the message is the whole line ``lota`` prints (after ``lota: ``)
     before it exits with status 2, e.g. a cache directory another process holds."""
-
-
-def parse_size(value: str | int) -> int:
-    """``"10GiB"`` -> 10737418240. Plain integers are bytes."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ConfigError(f"size must not be negative: {value}")
-        return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _SIZE_UNITS:
-        raise ConfigError(f"not a size: {value!r} (use e.g. 512MiB, 10GiB, 1TiB)")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-
-
-def parse_duration(value: str | float) -> float:
-    """``"30s"`` -> 30.0, ``"60d"`` -> 5184000.0. Plain numbers are seconds."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", str(value))
-    if not match or match.group(2) not in _DURATION_UNITS:
-        raise ConfigError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h, 60d)")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -107,12 +85,12 @@ class CacheConfig:
     """The node-local read cache (one directory per drive, one byte budget over all of them)."""
 
     dirs: tuple[str, ...] = ()
-    size: int = 10 * 1024**3
-    chunk_size: int = 8 * 1024**2
+    size: Size = 10 * 1024**3
+    chunk_size: Size = 8 * 1024**2
     # Check each chunk's xxh3 digest on every read, on the first read after a restart, or never.
     verify: Literal["always", "after-restart", "never"] = "after-restart"
     # Seconds after which a cached object is checked against the origin before use...
-    revalidate_after: float = 30.0
+    revalidate_after: Duration = 30.0
     # ...with per-prefix overrides ("bucket/prefix", seconds), first match wins...
     revalidate: tuple[tuple[str, float], ...] = ()
     # ...and prefixes ("bucket/prefix") whose objects never change (checkpoints): never checked.
@@ -120,11 +98,11 @@ class CacheConfig:
     # Prefixes ("bucket/prefix") never evicted.
     pinned: tuple[str, ...] = ()
     # How long past revalidate_after a copy may be served STALE while the origin is unreachable.
-    stale_if_error: float = 3600.0
+    stale_if_error: Duration = 3600.0
     # Chunks fetched ahead of a sequential range reader.
     readahead: int = 4
     # Seconds between background digest checks of idle chunks (0: off).
-    scrub_interval: float = 3600.0
+    scrub_interval: Duration = 3600.0
     # fsync each chunk before it becomes servable (survives power loss, not just kill -9).
     fsync: bool = True
     # Start evicting when usage passes high_watermark x size; evict down to low_watermark x size.
@@ -142,6 +120,14 @@ class CacheConfig:
             raise ConfigError("cache.chunk_size must be a power of two of at least 64KiB")
         if self.dirs and self.size < 4 * self.chunk_size:
             raise ConfigError("cache.size must hold at least four chunks")
+        for path in self.dirs:
+            if ":" in path:
+                raise ConfigError(
+                    f"cache.dirs: {path!r} has a ':'; list several directories as a TOML list "
+                    "or comma-separated (LOTA_CACHE_DIRS=/nvme0/lota,/nvme1/lota)"
+                )
+        if self.readahead < 0:
+            raise ConfigError("cache.readahead must not be negative")
         if not 0 < self.low_watermark < self.high_watermark <= 1:
             raise ConfigError("cache watermarks need 0 < low_watermark < high_watermark <= 1")
 
@@ -153,13 +139,11 @@ class AuthConfig:
     mode: Literal["sigv4", "none"] = "sigv4"
     credentials: str = ""
     # The largest difference between a request's x-amz-date and our clock (S3 allows 15 min).
-    max_skew: float = 900.0
+    max_skew: Duration = 900.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("sigv4", "none"):
             raise ConfigError(f'auth.mode must be "sigv4" or "none", got {self.mode!r}')
-        if self.mode == "sigv4" and not self.credentials:
-            raise ConfigError('auth.mode = "sigv4" needs auth.credentials (a credentials file)')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,11 +161,11 @@ class WriteConfig:
     # (bytes/s over all migrations; 0: none).
     migrate_concurrency: int = 4
     part_concurrency: int = 4
-    migrate_bandwidth: int = 0
+    migrate_bandwidth: Size = 0
     # A migration lease lasts this long unless renewed; a dead node's work moves on after it.
-    lease: float = 60.0
+    lease: Duration = 60.0
     # Staging copies are deleted this long after they stop being needed (readers mid-GET).
-    staging_grace: float = 60.0
+    staging_grace: Duration = 60.0
 
     def __post_init__(self) -> None:
         if self.staging not in ("bucket", "local-disk"):
@@ -211,21 +195,21 @@ class Config:
     default_region: str = ""
     bucket_regions: Mapping[str, str] = field(default_factory=dict)
     # Seconds SIGTERM waits for in-flight requests before cancelling them.
-    drain_timeout: float = 30.0
+    drain_timeout: Duration = 30.0
     # Seconds a request body may go without a byte before the request fails (RequestTimeout).
-    body_timeout: float = 60.0
+    body_timeout: Duration = 60.0
     # Seconds a connection has to deliver a whole request head, from when it opened or, when
     # kept alive, from the first byte of its next request: 408 RequestTimeout, or just closed.
-    header_timeout: float = 10.0
+    header_timeout: Duration = 10.0
     # Seconds a kept-alive connection may sit idle between requests before it is closed.
-    keepalive_timeout: float = 75.0
+    keepalive_timeout: Duration = 75.0
     # Client connections open at once; past it, the one idle longest is closed (0: the
     # descriptor limit less what LOTA needs for origin sockets, cache files, the catalog).
     max_connections: int = 0
     # Seconds from an origin request's last byte sent to its response head (revalidations,
     # misses, pass-through); then a revalidation falls back to STALE, a miss answers 503.
     # A response body streaming in has a longer wait between bytes (see regions.origin).
-    origin_timeout: float = 10.0
+    origin_timeout: Duration = 10.0
     tls_cert: str = ""
     tls_key: str = ""
     log_level: str = "INFO"
@@ -242,22 +226,36 @@ class Config:
             object.__setattr__(self, "node", socket.gethostname())
         if not self.default_region:
             object.__setattr__(self, "default_region", self.region)
-        if not self.regions:
-            raise ConfigError(
-                "no origin configured: set [regions.NAME] endpoint, --origin URL, "
-                "or --embedded-origin"
-            )
         for bucket, home in self.bucket_regions.items():
             if not is_valid_bucket_name(bucket):
                 raise ConfigError(f"[buckets]: {bucket!r} is not a valid bucket name")
             if home not in self.regions:
                 raise ConfigError(f"[buckets]: {bucket} is homed in unknown region {home!r}")
-        if self.default_region not in self.regions:
+        if self.regions and self.default_region not in self.regions:
             raise ConfigError(
                 f"buckets.default_region {self.default_region!r} is not a configured region"
             )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together")
+
+    def require_origin(self) -> None:
+        """ConfigError unless an origin is configured (serving, the lifecycle)."""
+        if not self.regions:
+            raise ConfigError(
+                "no origin configured: set [regions.NAME] endpoint (LOTA_REGIONS_NAME_ENDPOINT), "
+                "--origin URL (LOTA_ORIGIN), or --embedded-origin"
+            )
+
+    def require_serving(self) -> None:
+        """ConfigError unless `lota serve` has all it needs. Kept out of validation so that
+        commands which only read the catalog (``lota migrations``) work without them."""
+        self.require_origin()
+        if self.auth.mode == "sigv4" and not self.auth.credentials:
+            raise ConfigError(
+                'auth.mode = "sigv4" (the default) needs auth.credentials, a credentials file '
+                '(make one with `lota credentials new FILE`), or auth.mode = "none" on a '
+                "trusted network"
+            )
         if self.write.catalog and self.write.staging == "bucket":
             local = self.regions.get(self.region)
             if local is None or not local.staging_bucket:
@@ -279,23 +277,56 @@ class Config:
         return parse_listen(self.listen)
 
 
-# Environment variables and the settings they set, as (section, key). Flags use the same keys.
-ENVIRONMENT = {
-    "LOTA_LISTEN": ("", "listen"),
-    "LOTA_REGION": ("", "region"),
-    "LOTA_DOMAIN": ("", "domain"),
-    "LOTA_ORIGIN": ("", "origin"),
-    "LOTA_CACHE_DIRS": ("cache", "dirs"),
-    "LOTA_CACHE_SIZE": ("cache", "size"),
-    "LOTA_CACHE_CHUNK_SIZE": ("cache", "chunk_size"),
-    "LOTA_AUTH_MODE": ("auth", "mode"),
-    "LOTA_AUTH_CREDENTIALS": ("auth", "credentials"),
-    "LOTA_DRAIN_TIMEOUT": ("", "drain_timeout"),
-    "LOTA_BODY_TIMEOUT": ("", "body_timeout"),
-    "LOTA_LOG_LEVEL": ("", "log_level"),
-    "LOTA_NODE": ("", "node"),
-    "LOTA_CATALOG": ("write", "catalog"),
+# ``LOTA_*`` variables that are not settings: which file, which node a client command talks
+# to, and the test clock (lota.clock).
+NOT_SETTINGS = frozenset({"LOTA_CONFIG", "LOTA_ENDPOINT", "LOTA_TIME_OFFSET"})
+# Variables that were renamed when every setting got its variable by one rule.
+RENAMED = {"LOTA_CATALOG": "LOTA_WRITE_CATALOG"}
+_SECTIONS: dict[str, type] = {
+    "cache": CacheConfig,
+    "auth": AuthConfig,
+    "write": WriteConfig,
+    "lifecycle": LifecycleConfig,
 }
+# Fields of Config that are set by a table rather than by a key of their own.
+_TABLES = frozenset({*_SECTIONS, "regions", "default_region", "bucket_regions"})
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting the config accepts: its TOML path (``NAME``/``BUCKET`` stand for a name
+    of the user's) and its kind (see :mod:`lota.settings`; ``table`` and ``json`` too)."""
+
+    path: str
+    kind: str
+
+    @property
+    def variable(self) -> str:
+        """The rule: ``LOTA_`` + the path in capitals, ``.`` and ``-`` as ``_``."""
+        return "LOTA_" + re.sub(r"[.-]", "_", self.path).upper()
+
+
+def settings() -> Iterator[Setting]:
+    """Every setting, in the order of the README's configuration reference."""
+    for f in dataclasses.fields(Config):
+        if f.name not in _TABLES:
+            yield Setting(f.name, str(f.type))
+    yield Setting("origin", "str")
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if (section, f.name) == ("cache", "revalidate"):
+                yield Setting("cache.revalidate", "table")
+            elif (section, f.name) == ("lifecycle", "tiers"):
+                yield from (Setting(f"lifecycle.tiers.{tier}", "str") for tier in TIERS)
+            elif (section, f.name) == ("lifecycle", "rules"):
+                yield Setting("lifecycle.rules", "json")
+            else:
+                yield Setting(f"{section}.{f.name}", str(f.type))
+    for f in dataclasses.fields(RegionConfig):
+        if f.name != "name":
+            yield Setting(f"regions.NAME.{f.name}", str(f.type))
+    yield Setting("buckets.default_region", "str")
+    yield Setting("buckets", "table")
 
 
 def load(
@@ -306,8 +337,8 @@ def load(
 ) -> Config:
     """Build the config from a TOML file, then ``LOTA_*`` variables, then `overrides`.
 
-    `overrides` uses the flat names of :data:`ENVIRONMENT` values (``"listen"``,
-    ``"cache.dirs"``, ``"auth.mode"``, ``"origin"``...); ``None`` values are ignored.
+    `overrides` uses the dotted paths of :func:`settings` (``"listen"``, ``"cache.dirs"``,
+    ``"auth.mode"``, ``"origin"``...); ``None`` values are ignored.
     """
     raw: dict[str, Any] = {}
     if path:
@@ -316,46 +347,93 @@ def load(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config {path}: {exc}") from exc
     env = os.environ if environ is None else environ
-    for name, (section, key) in ENVIRONMENT.items():
-        if env.get(name):
-            value: Any = env[name]
-            if key == "dirs":
-                value = [d for d in value.split(",") if d]
-            _set(raw, section, key, value)
+    _apply_environment(raw, env)
     for dotted, value in (overrides or {}).items():
         if value is not None:
-            section, _, key = dotted.rpartition(".")
-            _set(raw, section, key, value)
+            _place(raw, dotted, value)
     return _build(raw, env)
 
 
-def _set(raw: dict[str, Any], section: str, key: str, value: Any) -> None:
-    (raw.setdefault(section, {}) if section else raw)[key] = value
+def _apply_environment(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    """Each ``LOTA_*`` variable onto the TOML it overrides; an unknown one is an error, so
+    that a misspelt variable is not silently ignored. Empty variables count as unset."""
+    known = {s.variable: s for s in settings() if "NAME" not in s.path}
+    for name, value in sorted(env.items()):
+        if not name.startswith("LOTA_") or name in NOT_SETTINGS or not value:
+            continue
+        setting = known.get(name) or _region_setting(name, raw.get("regions", {}))
+        if setting is None:
+            raise ConfigError(_unknown_variable(name, known))
+        _place(raw, setting.path, _from_variable(setting, name, value))
+
+
+def _region_setting(name: str, regions: Any) -> Setting | None:
+    """``LOTA_REGIONS_EU_WEST_ENDPOINT`` -> regions.eu-west.endpoint: the region named so
+    in the file, else the name in lower case with ``-`` for ``_``."""
+    prefix = "LOTA_REGIONS_"
+    if not name.startswith(prefix):
+        return None
+    for f in dataclasses.fields(RegionConfig):
+        suffix = "_" + f.name.upper()
+        region = name[len(prefix) : -len(suffix)]
+        if f.name != "name" and name.endswith(suffix) and region:
+            written = {str(r).upper().replace("-", "_"): str(r) for r in regions}
+            region = written.get(region, region.lower().replace("_", "-"))
+            return Setting(f"regions.{region}.{f.name}", str(f.type))
+    return None
+
+
+def _from_variable(setting: Setting, name: str, value: str) -> Any:
+    if setting.kind == "table":
+        return split_table(value, name)
+    if setting.kind == "json":
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name} must be JSON: {exc}") from None
+    return coerce(value, setting.kind, name)
+
+
+def _unknown_variable(name: str, known: Mapping[str, Setting]) -> str:
+    hint = RENAMED.get(name) or next(iter(difflib.get_close_matches(name, known, 1)), None)
+    return (
+        f"unknown variable {name}: settings come from LOTA_<SECTION>_<KEY> "
+        "(see the configuration reference in the README)"
+        + (f"; did you mean {hint}?" if hint else "")
+    )
+
+
+def _place(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set the TOML value at `dotted`; a table's entries join those already there."""
+    *sections, key = dotted.split(".")
+    table = raw
+    for section in sections:
+        table = table.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{section} must be a table")
+    if isinstance(value, dict) and isinstance(table.get(key), dict):
+        table[key] = {**table[key], **value}
+    else:
+        table[key] = value
 
 
 def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
     raw = dict(raw)
     try:
         cache = _cache(raw.pop("cache", {}))
-        write = _write(raw.pop("write", {}))
+        write = WriteConfig(**section_values(raw.pop("write", {}), WriteConfig, "write."))
         lifecycle = lifecycle_from_toml(raw.pop("lifecycle", {}))
-        auth = _auth(raw.pop("auth", {}))
-        region = str(raw.pop("region", "us-east"))
-        regions = {
-            name: RegionConfig(name=name, **_known(section, RegionConfig, f"regions.{name}"))
-            for name, section in raw.pop("regions", {}).items()
-        }
+        auth = AuthConfig(**section_values(raw.pop("auth", {}), AuthConfig, "auth."))
+        regions = _regions(raw.pop("regions", {}))
         origin = raw.pop("origin", None)
+        buckets = raw.pop("buckets", {})
+        if not isinstance(buckets, Mapping):
+            raise ConfigError('buckets must be a table: BUCKET = "REGION"')
+        buckets = dict(buckets)
+        top = section_values(raw, Config, "", special=_TABLES)
+        region = top.pop("region", "us-east")
         if origin:
-            regions[region] = RegionConfig(
-                name=region,
-                endpoint=str(origin),
-                access_key_id=env.get("AWS_ACCESS_KEY_ID", ""),
-                secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", ""),
-                signing_region=env.get("AWS_DEFAULT_REGION", "")
-                or env.get("AWS_REGION", "")
-                or "us-east-1",
-            )
+            regions[region] = _single_origin(region, coerce(origin, "str", "origin"), env)
         for r in list(regions.values()):
             if not r.access_key_id and env.get("AWS_ACCESS_KEY_ID"):
                 regions[r.name] = replace(
@@ -363,17 +441,9 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
                     access_key_id=env["AWS_ACCESS_KEY_ID"],
                     secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", ""),
                 )
-        buckets = dict(raw.pop("buckets", {}))
-        default_region = str(buckets.pop("default_region", region))
-        for key in (
-            "drain_timeout",
-            "body_timeout",
-            "header_timeout",
-            "keepalive_timeout",
-            "origin_timeout",
-        ):
-            if key in raw:
-                raw[key] = parse_duration(raw[key])
+        default_region = coerce(
+            buckets.pop("default_region", region), "str", "buckets.default_region"
+        )
         return Config(
             region=region,
             write=write,
@@ -382,56 +452,48 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
             auth=auth,
             regions=regions,
             default_region=default_region,
-            bucket_regions={str(k): str(v) for k, v in buckets.items()},
-            **_known(raw, Config, "top level"),
+            bucket_regions={str(k): coerce(v, "str", f"buckets.{k}") for k, v in buckets.items()},
+            **top,
         )
     except TypeError as exc:
         raise ConfigError(str(exc)) from exc
 
 
-def _cache(section: Mapping[str, Any]) -> CacheConfig:
-    values = dict(_known(section, CacheConfig, "cache"))
-    if "dirs" in values:
-        dirs = values["dirs"]
-        values["dirs"] = (dirs,) if isinstance(dirs, str) else tuple(str(d) for d in dirs)
-    for key in ("size", "chunk_size"):
-        if key in values:
-            values[key] = parse_size(values[key])
-    for key in ("revalidate_after", "stale_if_error", "scrub_interval"):
-        if key in values:
-            values[key] = parse_duration(values[key])
+def _single_origin(region: str, endpoint: str, env: Mapping[str, str]) -> RegionConfig:
+    """``origin = URL``: one region, with the origin's credentials from ``AWS_*``."""
+    return RegionConfig(
+        name=region,
+        endpoint=endpoint,
+        access_key_id=env.get("AWS_ACCESS_KEY_ID", ""),
+        secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", ""),
+        signing_region=env.get("AWS_DEFAULT_REGION", "")
+        or env.get("AWS_REGION", "")
+        or "us-east-1",
+    )
+
+
+def _regions(data: Any) -> dict[str, RegionConfig]:
+    if not isinstance(data, Mapping):
+        raise ConfigError("regions must be tables: [regions.NAME]")
+    return {
+        str(name): RegionConfig(
+            name=str(name), **section_values(section, RegionConfig, f"regions.{name}.")
+        )
+        for name, section in data.items()
+    }
+
+
+def _cache(section: Any) -> CacheConfig:
+    values = section_values(section, CacheConfig, "cache.", special={"revalidate"})
     for key in ("immutable", "pinned"):
         if key in values:
-            values[key] = tuple(str(p).lstrip("/") for p in values[key])
+            values[key] = tuple(p.lstrip("/") for p in values[key])
     if "revalidate" in values:
+        table = values["revalidate"]
+        if not isinstance(table, Mapping):
+            raise ConfigError('cache.revalidate must be a table: "bucket/prefix" = "5m"')
         values["revalidate"] = tuple(
-            (str(prefix).lstrip("/"), parse_duration(after))
-            for prefix, after in dict(values["revalidate"]).items()
+            (str(prefix).lstrip("/"), coerce(after, "Duration", f"cache.revalidate.{prefix}"))
+            for prefix, after in table.items()
         )
     return CacheConfig(**values)
-
-
-def _write(section: Mapping[str, Any]) -> WriteConfig:
-    values = dict(_known(section, WriteConfig, "write"))
-    for key in ("lease", "staging_grace"):
-        if key in values:
-            values[key] = parse_duration(values[key])
-    if "migrate_bandwidth" in values:
-        values["migrate_bandwidth"] = parse_size(values["migrate_bandwidth"])
-    return WriteConfig(**values)
-
-
-def _auth(section: Mapping[str, Any]) -> AuthConfig:
-    values = dict(_known(section, AuthConfig, "auth"))
-    if "max_skew" in values:
-        values["max_skew"] = parse_duration(values["max_skew"])
-    return AuthConfig(**values)
-
-
-def _known(section: Mapping[str, Any], cls: type, where: str) -> dict[str, Any]:
-    """Reject settings LOTA does not know, so a typo is an error rather than silently ignored."""
-    allowed = set(cls.__dataclass_fields__) - {"name"}  # type: ignore[attr-defined]
-    unknown = set(section) - allowed
-    if unknown:
-        raise ConfigError(f"unknown setting(s) in {where}: {', '.join(sorted(unknown))}")
-    return dict(section)

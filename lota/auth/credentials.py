@@ -15,12 +15,15 @@ The credentials file lists one ``[[principal]]`` table per identity::
 ``policy`` is an IAM JSON document (a string, or the same structure written as a TOML
 table). A principal without a policy may authenticate but is denied everything, so a
 forgotten policy fails closed. Every problem is a :class:`~lota.config.ConfigError` naming
-the file, the principal and what is wrong.
+the file, the principal and what is wrong. :func:`write_new` starts a file with one
+principal allowed everything (``lota credentials new FILE``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lota.auth.policy import Policy
-from lota.config import ConfigError
+from lota.settings import ConfigError
 
 _FIELDS = frozenset({"name", "access_key_id", "secret_access_key", "policy"})
 _REQUIRED = ("name", "access_key_id", "secret_access_key")
@@ -126,3 +129,36 @@ def _check_unique(path: str | Path, principals: list[Principal]) -> None:
             raise ConfigError(f"{path}: principal {p.name}: duplicate principal name")
         keys[p.access_key_id] = p.name
         names.add(p.name)
+
+
+_ALLOW_ALL = '{"Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}'
+
+
+def write_new(path: str | Path, name: str = "admin") -> Principal:
+    """A new credentials file at `path` (mode 0600) with one principal allowed everything,
+    under a fresh key pair; an existing file is never overwritten."""
+    principal = Principal(
+        name=name,
+        access_key_id="LOTA" + secrets.token_hex(8).upper(),
+        secret_access_key=secrets.token_urlsafe(30),
+        policy=Policy.from_json(_ALLOW_ALL),
+    )
+    text = (
+        "# Client credentials for LOTA: one [[principal]] per identity, each with an IAM policy.\n"
+        "[[principal]]\n"
+        f"name = {json.dumps(name)}\n"
+        f'access_key_id = "{principal.access_key_id}"\n'
+        f'secret_access_key = "{principal.secret_access_key}"\n'
+        f"policy = '{_ALLOW_ALL}'\n"
+    )
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"{path} exists already; LOTA does not overwrite credentials") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create credentials file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    return principal

@@ -20,8 +20,6 @@
     keep_latest = 3          # the 3 newest children of each matched directory stay hot
     transitions = [ { days_since_last_access = 60, tier = "archive" } ]
 
-This module must not import :mod:`lota.config` at import time (``lota.config`` imports it),
-so it looks the helpers up when it runs.
 """
 
 from __future__ import annotations
@@ -31,15 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lota.lifecycle.rules import DEFAULT_MIN_SIZE, TIERS, Rule, Tiers, Transition
+from lota.settings import ConfigError, Duration, parse_size, section_values
 
 _RULE_KEYS = frozenset({"bucket", "prefix", "min_size", "keep_latest", "transitions"})
 _TRANSITION_KEYS = frozenset({"days_since_last_access", "tier"})
-
-
-def _error(message: str) -> Exception:
-    from lota.config import ConfigError
-
-    return ConfigError(message)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,11 +41,11 @@ class LifecycleConfig:
 
     tiers: Tiers = field(default_factory=Tiers)
     # Seconds between the server's own engine runs; 0 turns them off.
-    interval: float = 3600.0
+    interval: Duration = 3600.0
     # Transitions per second at most (0: no limit): copies load the origin.
     rate: float = 10.0
     # Seconds the engine's catalog lease lasts unless renewed.
-    lease: float = 60.0
+    lease: Duration = 60.0
     rules: tuple[Rule, ...] = ()
     # A GET of an object the origin keeps in a class that must be restored first answers
     # the origin's InvalidObjectState; with this on, LOTA also asks the origin to restore
@@ -63,23 +56,16 @@ class LifecycleConfig:
 
     def __post_init__(self) -> None:
         if self.interval < 0 or self.rate < 0:
-            raise _error("lifecycle.interval and lifecycle.rate must not be negative")
+            raise ConfigError("lifecycle.interval and lifecycle.rate must not be negative")
         if self.lease < 5:
-            raise _error("lifecycle.lease must be at least 5s")
+            raise ConfigError("lifecycle.lease must be at least 5s")
 
 
 def from_toml(section: Mapping[str, Any]) -> LifecycleConfig:
     """The ``[lifecycle]`` table (already parsed) as a :class:`LifecycleConfig`."""
-    from lota.config import _known, parse_duration
-
-    values = dict(_known(section, LifecycleConfig, "lifecycle"))
+    values = section_values(section, LifecycleConfig, "lifecycle.", special={"tiers", "rules"})
     if "tiers" in values:
         values["tiers"] = tiers_from_data(values["tiers"])
-    for key in ("interval", "lease"):
-        if key in values:
-            values[key] = parse_duration(values[key])
-    if "rate" in values:
-        values["rate"] = _number(values["rate"], "lifecycle.rate")
     if "rules" in values:
         values["rules"] = rules_from_data(values["rules"])
     return LifecycleConfig(**values)
@@ -87,37 +73,35 @@ def from_toml(section: Mapping[str, Any]) -> LifecycleConfig:
 
 def tiers_from_data(data: Any) -> Tiers:
     if not isinstance(data, Mapping):
-        raise _error('lifecycle.tiers must be a table: hot = "STANDARD", ...')
+        raise ConfigError('lifecycle.tiers must be a table: hot = "STANDARD", ...')
     unknown = set(data) - set(TIERS)
     if unknown:
-        raise _error(f"unknown tier(s) in lifecycle.tiers: {', '.join(sorted(unknown))}")
+        raise ConfigError(f"unknown tier(s) in lifecycle.tiers: {', '.join(sorted(unknown))}")
     return Tiers(**{tier: str(value) for tier, value in data.items()})
 
 
 def rules_from_data(data: Any) -> tuple[Rule, ...]:
     """Rules from a list of tables (TOML) or objects (JSON), validated."""
     if not isinstance(data, Sequence) or isinstance(data, str | bytes):
-        raise _error("lifecycle.rules must be a list of rules")
+        raise ConfigError("lifecycle.rules must be a list of rules")
     return tuple(_rule(item, index) for index, item in enumerate(data))
 
 
 def _rule(data: Any, index: int) -> Rule:
-    from lota.config import parse_size
-
     where = f"lifecycle.rules[{index}]"
     if not isinstance(data, Mapping):
-        raise _error(f"{where} must be a table")
+        raise ConfigError(f"{where} must be a table")
     unknown = set(data) - _RULE_KEYS
     if unknown:
-        raise _error(f"unknown setting(s) in {where}: {', '.join(sorted(unknown))}")
+        raise ConfigError(f"unknown setting(s) in {where}: {', '.join(sorted(unknown))}")
     if not isinstance(data.get("bucket"), str):
-        raise _error(f"{where} needs a bucket")
+        raise ConfigError(f"{where} needs a bucket")
     transitions = data.get("transitions", [])
     if not isinstance(transitions, Sequence) or isinstance(transitions, str | bytes):
-        raise _error(f"{where}.transitions must be a list")
+        raise ConfigError(f"{where}.transitions must be a list")
     keep = data.get("keep_latest", 0)
     if not isinstance(keep, int) or isinstance(keep, bool):
-        raise _error(f"{where}.keep_latest must be a whole number")
+        raise ConfigError(f"{where}.keep_latest must be a whole number")
     return Rule(
         bucket=data["bucket"],
         prefix=str(data.get("prefix", "")),
@@ -129,7 +113,7 @@ def _rule(data: Any, index: int) -> Rule:
 
 def _transition(data: Any, where: str) -> Transition:
     if not isinstance(data, Mapping) or set(data) != _TRANSITION_KEYS:
-        raise _error(f'{where}: each is {{ days_since_last_access = N, tier = "archive" }}')
+        raise ConfigError(f'{where}: each is {{ days_since_last_access = N, tier = "archive" }}')
     return Transition(
         _number(data["days_since_last_access"], f"{where}.days_since_last_access"),
         str(data["tier"]),
@@ -138,5 +122,5 @@ def _transition(data: Any, where: str) -> Transition:
 
 def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _error(f"{where} must be a number, got {value!r}")
+        raise ConfigError(f"{where} must be a number, got {value!r}")
     return float(value)
