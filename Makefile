@@ -18,10 +18,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m bench.demo
 
-# With nothing configured, serve an embedded local S3 origin; LOTA_CONFIG or LOTA_ORIGIN picks a real one.
+# With nothing configured, serve an embedded local S3 origin; LOTA_CONFIG or LOTA_ORIGIN picks a
+# real one. With LOTA_ORIGIN, clients sign with a key pair made once in $(CREDENTIALS).
+CREDENTIALS ?= var/credentials.toml
 serve: $(STAMP)
 	@if [ -n "$$LOTA_CONFIG" ]; then $(BIN)/lota serve --config "$$LOTA_CONFIG"; \
-	elif [ -n "$$LOTA_ORIGIN" ]; then $(BIN)/lota serve --origin "$$LOTA_ORIGIN"; \
+	elif [ -n "$$LOTA_ORIGIN" ]; then \
+	  creds="$${LOTA_AUTH_CREDENTIALS:-$(CREDENTIALS)}"; \
+	  if [ -f "$$creds" ]; then echo "Clients sign with a key pair from $$creds"; \
+	  else $(BIN)/lota credentials new "$$creds" || exit 2; fi; \
+	  $(BIN)/lota serve --credentials "$$creds"; \
 	else $(BIN)/lota serve --embedded-origin --cache-dir var/cache --cache-size 10GiB; fi
 
 test: $(STAMP)

@@ -1,20 +1,25 @@
-"""The ``lota`` command: ``lota serve`` (later: ``warm``, ``migrations``, ``lifecycle``)."""
+"""The lota command: serve the S3 endpoint, warm a node's cache, make client credentials,
+and inspect cross-region migrations and access-based tiering.
+
+Settings come from a TOML file (--config or LOTA_CONFIG), then LOTA_* variables
+(LOTA_<SECTION>_<KEY>, e.g. LOTA_CACHE_SIZE=10GiB), then flags.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
-import secrets
 import sys
 from collections.abc import Coroutine, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from lota import __version__, logs
 from lota import config as configuration
-from lota import logs
 from lota.config import Config, ConfigError, StartupError
+from lota.s3.errors import LotaError
 
 log = logging.getLogger("lota.cli")
 
@@ -34,10 +39,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StartupError as exc:
         print(f"lota: {exc}", file=sys.stderr)
         return 2
+    except LotaError as exc:  # the origin or the catalog failed a command midway
+        print(f"lota: {exc}", file=sys.stderr)
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lota", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="lota", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"lota {__version__}")
     commands = parser.add_subparsers(title="commands")
     serve = commands.add_parser("serve", help="run the S3 endpoint")
     serve.set_defaults(command=_serve)
@@ -69,6 +80,15 @@ def _parser() -> argparse.ArgumentParser:
         help="the LOTA node (default $LOTA_ENDPOINT or http://127.0.0.1:9000)",
     )
     warm.add_argument("--concurrency", type=int, default=8, help="objects filled at once")
+
+    credentials = commands.add_parser("credentials", help="client credentials files")
+    credential_steps = credentials.add_subparsers(title="steps")
+    new = credential_steps.add_parser(
+        "new", help="write a new credentials file: one principal allowed everything"
+    )
+    new.set_defaults(command=_credentials_new)
+    new.add_argument("file", help="where to write it (never overwritten)")
+    new.add_argument("--name", default="admin", help="the principal's name (default admin)")
 
     migrations = commands.add_parser(
         "migrations", help="accelerated writes not yet in their home region"
@@ -115,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
             if args.embedded_origin:
                 overrides.update(await _embedded_origin(stack, args, path, overrides))
             config = configuration.load(path, overrides=overrides)
+            config.require_serving()
             await serve(config, on_ready=lambda url: _announce(url, config, args))
 
     _run(run())
@@ -125,47 +146,49 @@ async def _embedded_origin(
     stack: AsyncExitStack, args: argparse.Namespace, path: str | None, overrides: dict[str, Any]
 ) -> dict[str, Any]:
     """Start moto as the origin; with sigv4 and no credentials file, make one to print."""
-    from lota.embedded import EmbeddedOrigin
+    import importlib.util
+
+    if importlib.util.find_spec("moto") is None:
+        raise StartupError(
+            "--embedded-origin needs moto, which is not installed: "
+            "pip install 'lota[embedded]' (make serve does it), or give --origin URL"
+        )
+    from lota.embedded import EmbeddedOrigin, OriginStartError
     from lota.wan import parse_bandwidth
 
-    origin = await stack.enter_async_context(
-        EmbeddedOrigin(
-            latency=configuration.parse_duration(args.origin_latency),
-            bandwidth=parse_bandwidth(args.origin_bandwidth) if args.origin_bandwidth else None,
+    try:
+        origin = await stack.enter_async_context(
+            EmbeddedOrigin(
+                latency=configuration.parse_duration(args.origin_latency),
+                bandwidth=parse_bandwidth(args.origin_bandwidth) if args.origin_bandwidth else None,
+            )
         )
-    )
+    except OriginStartError as exc:
+        raise StartupError(f"the embedded origin did not start: {exc}") from exc
     os.environ.setdefault("AWS_ACCESS_KEY_ID", origin.access_key_id)
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", origin.secret_access_key)
     extra: dict[str, Any] = {"origin": origin.endpoint}
-    try:
-        configuration.load(path, overrides={**overrides, **extra})
-    except ConfigError:
-        # sigv4 (the default) with no credentials file anywhere: make one to print.
+    config = configuration.load(path, overrides={**overrides, **extra})
+    if config.auth.mode == "sigv4" and not config.auth.credentials:
         extra["auth.credentials"] = str(_demo_credentials(args.cache_dir))
-        configuration.load(path, overrides={**overrides, **extra})  # any other error stands
     return extra
 
 
 def _demo_credentials(cache_dirs: list[str] | None) -> Path:
     """A credentials file with one all-powerful principal, next to the cache (or in ./var)."""
+    from lota.auth.credentials import write_new
+
     base = Path(cache_dirs[0]).parent if cache_dirs else Path("var")
-    base.mkdir(parents=True, exist_ok=True)
     path = base / "demo-credentials.toml"
     if not path.exists():
-        key = "LOTA" + secrets.token_hex(8).upper()
-        path.write_text(
-            "[[principal]]\n"
-            'name = "demo"\n'
-            f'access_key_id = "{key}"\n'
-            f'secret_access_key = "{secrets.token_urlsafe(30)}"\n'
-            'policy = \'{"Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}\'\n'
-        )
-        path.chmod(0o600)
+        write_new(path, "demo")
     return path
 
 
 def _announce(url: str, config: Config, args: argparse.Namespace) -> None:
     lines = [f"LOTA is serving S3 on {url}"]
+    if args.embedded_origin:
+        lines.append("The embedded origin keeps objects in memory: they are gone when LOTA stops.")
     if args.embedded_origin and config.auth.mode == "sigv4":
         import tomllib
 
@@ -197,6 +220,19 @@ def _warm(args: argparse.Namespace) -> int:
     return result[0]
 
 
+def _credentials_new(args: argparse.Namespace) -> int:
+    from lota.auth.credentials import write_new
+
+    principal = write_new(args.file, args.name)
+    print(
+        f"wrote {args.file}: principal {principal.name}, allowed everything (edit its policy).\n"
+        f"Serve with --credentials {args.file} (or LOTA_AUTH_CREDENTIALS), and sign with:\n"
+        f"  export AWS_ACCESS_KEY_ID={principal.access_key_id}\n"
+        f"  export AWS_SECRET_ACCESS_KEY={principal.secret_access_key}"
+    )
+    return 0
+
+
 def _migrations(args: argparse.Namespace) -> int:
     import json
 
@@ -206,7 +242,9 @@ def _migrations(args: argparse.Namespace) -> int:
 
     config = configuration.load(args.config or os.environ.get("LOTA_CONFIG"))
     if not config.write.catalog:
-        raise ConfigError("write acceleration is off: no write.catalog in the config")
+        raise ConfigError(
+            "write acceleration is off: no write.catalog (LOTA_WRITE_CATALOG) to read from"
+        )
     report: dict[str, float | int] = {}
 
     async def run() -> None:

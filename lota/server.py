@@ -19,6 +19,7 @@ import gc
 import itertools
 import json
 import logging
+import os
 import signal
 import ssl
 import time
@@ -688,7 +689,10 @@ def ssl_context(config: Config) -> ssl.SSLContext | None:
     if not config.tls_cert:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise StartupError(f"cannot load tls_cert / tls_key: {exc}") from exc
     return context
 
 
@@ -718,7 +722,14 @@ async def serve(
             await runner.setup()
             host, port = config.listen_address
             site = web.TCPSite(runner, host, port, ssl_context=ssl_context(config), backlog=1024)
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+                raise StartupError(
+                    f"cannot listen on {config.listen}: {reason} "
+                    "(is another process on that port? choose one with --listen or LOTA_LISTEN)"
+                ) from exc
             url = _bound_url(site, config)
             log.info("LOTA %s listening on %s (region %s)", _version(), url, config.region)
             if on_ready:

@@ -45,9 +45,17 @@ async def plan_command(
     config_path: str | None, bucket: str | None, now: str | None, as_json: bool, out: TextIO
 ) -> int:
     """Print the transitions due at `now` (ISO 8601) without making any."""
+    moves = 0
     async with open_engine(config_path) as (engine, clock):
         async for decision in engine.plan(parse_now(now, clock), bucket):
             out.write((json.dumps(decision.as_dict()) if as_json else decision.line()) + "\n")
+            moves += 1
+    if not moves and not as_json:  # JSON lines stay a (then empty) stream of decisions
+        out.write(
+            "lota lifecycle: nothing would move"
+            + (f" in {bucket}" if bucket else "")
+            + " (no object is due for a transition; objects under a rule's min_size never move)\n"
+        )
     out.flush()
     return 0
 
@@ -93,6 +101,7 @@ async def open_engine(config_path: str | None) -> AsyncIterator[tuple[Engine, Cl
     """An engine as the config describes it (its own catalog and origin clients), with the
     process clock; closed on exit."""
     config, lifecycle = load_config(config_path)
+    config.require_origin()
     if not config.write.catalog:
         raise ConfigError(
             "the lifecycle needs the catalog (last accesses and tiers live there): "

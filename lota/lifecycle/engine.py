@@ -51,6 +51,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import time
 import xml.etree.ElementTree as ET
 from collections import deque
@@ -170,7 +171,11 @@ class OriginListing:
             async with origin.request("GET", bucket, "", query=query) as reply:
                 body = await reply.read()
                 if reply.status != 200:
-                    raise OriginError(f"listing {bucket}/{prefix}: {reply.status} {body[:200]!r}")
+                    code = re.search(rb"<Code>([^<]{1,64})</Code>", body)
+                    why = code.group(1).decode(errors="replace") if code else repr(body[:200])
+                    raise OriginError(
+                        f"listing {bucket}/{prefix} at the origin: {reply.status} {why}"
+                    )
             contents, _, truncated, token = parse_origin_page(body)
             yield [
                 ObjectInfo(

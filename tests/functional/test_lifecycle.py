@@ -303,7 +303,7 @@ async def test_90_days_hot_stays_unread_archives_newest_checkpoints_stay(setup: 
     before = setup.copies()
     out = io.StringIO()
     await plan_command(str(setup.configs[0]), BUCKET, iso(t0 + 90 * DAY + 3600), False, out)
-    assert out.getvalue() == ""
+    assert out.getvalue().startswith(f"lota lifecycle: nothing would move in {BUCKET} (")
     assert await run_command(str(setup.configs[0]), iso(t0 + 90 * DAY + 3600)) == 0
     assert setup.copies() == before
     assert time.monotonic() - started < 120
