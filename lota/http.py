@@ -13,6 +13,8 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
+from lota.s3.ranges import parse_range
+
 # Where a GET or HEAD was answered from: HIT | PEER | MISS | STALE | BYPASS (| PENDING).
 CACHE_HEADER = "x-lota-cache"
 
@@ -79,6 +81,8 @@ def forwardable_request_headers(headers: Mapping[str, str]) -> dict[str, str]:
         lname = name.lower()
         if lname in HOP_BY_HOP or lname in CLIENT_AUTH:
             continue
+        if lname == "range" and parse_range(raw) is None:
+            continue  # S3 ignores what it cannot read; an origin might not
         value = raw
         if lname == "content-encoding":
             value = ",".join(v for v in (p.strip() for p in raw.split(",")) if v != "aws-chunked")

@@ -70,7 +70,6 @@ from lota.s3.addressing import (
 )
 from lota.s3.errors import OriginError, S3Error
 from lota.s3.operations import object_arn
-from lota.s3.ranges import parse_range
 from lota.s3.xml import deleted_keys
 from lota.tasks import TaskGroup
 
@@ -368,8 +367,6 @@ class Node:
             ctx.principal = authorized.principal.name
         ctx.bucket, ctx.key = target.bucket, target.key
         ctx.copy_source = authorized.operation.copy_source
-        if "range" in request.headers and ctx.operation == "GetObject":
-            parse_range(request.headers["range"])
         assert self._passthrough is not None
         read = ctx.operation in _READS
         if read:

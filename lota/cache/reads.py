@@ -193,10 +193,9 @@ class ReadPath:
         """Chunks a cold GET should fetch; None when only the metadata is needed first."""
         if request.method == "HEAD" or _part_number(target) is not None:
             return None
-        header = request.headers.get("range")
-        if header is None:
+        wanted = parse_range(request.headers.get("range", ""))
+        if wanted is None:
             return 0, None
-        wanted = parse_range(header)
         if wanted.start is None:
             return None  # a suffix: the size decides which chunks
         first = wanted.start // self._cs
@@ -257,10 +256,10 @@ class ReadPath:
         return response
 
     def _range(self, request: web.BaseRequest, m: ObjectMeta) -> tuple[int, int, int]:
-        header = request.headers.get("range")
-        if header is None:
+        wanted = parse_range(request.headers.get("range", ""))
+        if wanted is None:
             return 0, m.size - 1, 200
-        first, last = parse_range(header).resolve(m.size)
+        first, last = wanted.resolve(m.size)
         return first, last, 206
 
     async def _part_range(

@@ -262,8 +262,9 @@ class Accelerator:
         except conditions.NotModified:
             return web.Response(status=304, headers={"ETag": obj.etag, "Last-Modified": modified})
         first, last, status = 0, obj.size - 1, 200
-        if "range" in request.headers:
-            first, last = parse_range(request.headers["range"]).resolve(obj.size)
+        wanted = parse_range(request.headers.get("range", ""))
+        if wanted is not None:
+            first, last = wanted.resolve(obj.size)
             status = 206
         response = web.StreamResponse(status=status)
         response.headers.update(

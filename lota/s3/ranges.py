@@ -1,8 +1,9 @@
 """Range header arithmetic for GetObject (RFC 9110 section 14, as S3 implements it). No I/O.
 
-S3 serves one range per request: ``bytes=a-b``, ``bytes=a-`` and ``bytes=-n``. LOTA
-refuses a Range header it cannot read with 416 InvalidRange rather than silently sending
-the whole object, which a client asking for a footer would not expect.
+S3 serves one range per request: ``bytes=a-b``, ``bytes=a-`` and ``bytes=-n``. A Range
+header it cannot read (``bytes=5-2``, ``bytes=a-b``, several ranges) it ignores, as RFC
+9110 allows, and answers 200 with the whole object; so does LOTA, since clients rely on
+what S3 does. A range that reads but starts past the end is 416 InvalidRange.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 
 from lota.s3.errors import S3Error
 
-_RANGE_RE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")
+_RANGE_RE = re.compile(r"bytes=(\d*)-(\d*)")
+# Positions past any object's size (S3's limit is 5 TiB) stay this, not a huge integer.
+_FAR = 2**63
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,23 +38,23 @@ class ByteRange:
         return self.start, last
 
 
-def parse_range(header: str) -> ByteRange:
-    """Parse a Range header value; raise 416 InvalidRange when it is not one S3 accepts."""
+def parse_range(header: str) -> ByteRange | None:
+    """The range a Range header asks for; None when S3 would ignore the header."""
     match = _RANGE_RE.fullmatch(header.strip().replace(" ", ""))
     if not match or match.group(1) == match.group(2) == "":
-        raise S3Error(
-            "InvalidRange", "The requested range is not valid.", extra={"RangeRequested": header}
-        )
+        return None
     first, last = match.group(1), match.group(2)
     if first == "":
-        return ByteRange(None, None, suffix=int(last))
-    start = int(first)
-    end = int(last) if last else None
+        return ByteRange(None, None, suffix=_position(last))
+    start = _position(first)
+    end = _position(last) if last else None
     if end is not None and end < start:
-        raise S3Error(
-            "InvalidRange", "The requested range is not valid.", extra={"RangeRequested": header}
-        )
+        return None
     return ByteRange(start, end)
+
+
+def _position(digits: str) -> int:
+    return int(digits) if len(digits) < 19 else _FAR
 
 
 def content_range(first: int, last: int, size: int) -> str:

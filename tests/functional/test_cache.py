@@ -162,6 +162,25 @@ def test_hits_answer_ranges_conditionals_and_headers_like_the_origin(
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416
 
 
+@pytest.mark.parametrize("bad", ["bytes=5-2", "bytes=a-b", "bytes=0-1,3-4"])
+def test_a_malformed_range_gets_the_whole_object_cold_and_from_the_cache_like_s3(
+    bad: str, node_factory: NodeFactory, origin_s3: Any, bucket: str
+) -> None:
+    data = _put(origin_s3, bucket, "k", 3 * 1024 * 1024 + 5)
+    s3 = client_for(node_factory(chunk_size="1MiB").url)
+    for expected in ("MISS", "HIT"):
+        got = s3.get_object(Bucket=bucket, Key="k", Range=bad) if expected == "MISS" else None
+        if got is None:
+            body, source = _hit(s3, bucket, "k", Range=bad)
+        else:
+            body, source = (
+                got["Body"].read(),
+                got["ResponseMetadata"]["HTTPHeaders"]["x-lota-cache"],
+            )
+            assert got["ResponseMetadata"]["HTTPStatusCode"] == 200
+        assert (body == data, source) == (True, expected)
+
+
 def test_small_and_streamed_hits_carry_the_same_headers(
     node_factory: NodeFactory, origin_s3: Any, bucket: str
 ) -> None:

@@ -225,13 +225,30 @@ def test_a_request_line_over_64_kib_is_still_refused_as_too_large(lota: LotaProc
     assert (status, error_code(body)) == (400, "RequestHeaderSectionTooLarge")
 
 
-def test_a_bad_range_is_invalid_range(lota: LotaProcess, bucket: str, origin_s3: Any) -> None:
+MALFORMED_RANGES = ("bytes=5-2", "bytes=a-b", "bytes=abc", "items=0-1", "bytes=0-1,3-4")
+
+
+def test_a_range_s3_cannot_read_is_ignored_and_the_whole_object_sent_like_s3(
+    lota: LotaProcess, bucket: str, origin_s3: Any
+) -> None:
+    """S3 answers 200 with the whole object for these; LOTA used to answer 416."""
     origin_s3.put_object(Bucket=bucket, Key="k", Body=b"0123456789")
     s3 = client_for(lota.url)
-    for bad in ("bytes=5-2", "bytes=abc", "items=0-1", "bytes=0-1,3-4", f"bytes={10**30}-"):
+    for bad in MALFORMED_RANGES:
+        got = s3.get_object(Bucket=bucket, Key="k", Range=bad)
+        assert got["ResponseMetadata"]["HTTPStatusCode"] == 200, bad
+        assert got["Body"].read() == b"0123456789"
+        assert "ContentRange" not in got
+    for unsatisfiable in (f"bytes={10**30}-", "bytes=10-", "bytes=-0"):
         with pytest.raises(s3.exceptions.ClientError) as err:
-            s3.get_object(Bucket=bucket, Key="k", Range=bad)
-        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416, bad
+            s3.get_object(Bucket=bucket, Key="k", Range=unsatisfiable)
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416, unsatisfiable
+    assert (
+        s3.get_object(Bucket=bucket, Key="k", Range="bytes=8-99999999999999999999999")[
+            "Body"
+        ].read()
+        == b"89"
+    )
 
 
 def test_a_truncated_upload_never_creates_an_object(
