@@ -62,8 +62,8 @@ from lota.regions.staging import Staging
 from lota.regions.writes import RegionalRouter
 from lota.relay import abort, read_small_body
 from lota.s3.addressing import (
-    ADMIN_PREFIX,
     Target,
+    is_admin,
     is_valid_bucket_name,
     parse_target,
     split_target,
@@ -281,7 +281,7 @@ class Node:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request; never raises except to abort a response already started."""
         ctx = RequestContext()
-        if request.raw_path.startswith(ADMIN_PREFIX):
+        if is_admin(request.host, request.raw_path, self.config.domain):
             ctx.operation = "Admin"
         self.inflight += 1
         try:
@@ -342,7 +342,8 @@ class Node:
     async def _answer(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
         """Run the request's steps; turn every error into an S3 XML response."""
         try:
-            if self._drain_until is not None and request.path not in PROBES:
+            probe = ctx.operation == "Admin" and request.path in PROBES
+            if self._drain_until is not None and not probe:
                 return self._refuse_while_draining(request, ctx)
             if ctx.operation == "Admin":
                 return await self._admin(request)

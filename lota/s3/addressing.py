@@ -91,6 +91,16 @@ def _unquote_plus(text: str) -> str:
     return text
 
 
+def is_admin(host: str, raw_path: str, domain: str) -> bool:
+    """Whether a request is one of LOTA's own calls (``/_lota/...``). Those live on the bare
+    host only: on a virtual-hosted ``BUCKET.domain`` host, ``/_lota/x`` is the key
+    ``_lota/x`` of that bucket. (Path style cannot clash: ``_lota`` is no bucket name.)"""
+    if not raw_path.startswith(ADMIN_PREFIX):
+        return False
+    hostname = _strip_port(host).lower()
+    return not (domain and hostname.endswith("." + domain.lower()))
+
+
 def parse_target(host: str, raw_target: str, domain: str) -> Target:
     """Find bucket and key in a request; raise an :class:`S3Error` for malformed ones."""
     if len(raw_target) <= _MEMO_CHARS:

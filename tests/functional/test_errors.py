@@ -63,14 +63,18 @@ def signed(
     headers: dict[str, str] | None = None,
     principal: str = "admin",
     secret: str | None = None,
+    host: str = "",
 ) -> bytes:
-    """A request signed the way botocore signs it, serialised for `raw`."""
+    """A request signed the way botocore signs it, serialised for `raw`; `host` is the Host
+    it was meant for (default LOTA's own address)."""
     key, real_secret, _ = PRINCIPALS[principal]
-    request = AWSRequest(method=method, url=f"{lota.url}{path}", data=body, headers=headers or {})
+    host = host or f"127.0.0.1:{lota.port}"
+    url = f"http://{host}{path}"
+    request = AWSRequest(method=method, url=url, data=body, headers=headers or {})
     request.headers["x-amz-content-sha256"] = hashlib.sha256(body).hexdigest()
     SigV4Auth(Credentials(key, secret or real_secret), "s3", "us-east-1").add_auth(request)
     prepared = request.prepare()
-    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{lota.port}"]
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
     lines += [
         f"{k}: {v}"
         for k, v in prepared.headers.items()
@@ -348,3 +352,21 @@ def test_random_requests_never_get_a_500(
     assert status < 500 or b"x-lota-cache: BYPASS" in head, answer[:300]
     if status >= 400 and method != "HEAD" and b"x-lota-cache: BYPASS" not in head:
         error_code(answer)  # LOTA's own errors are well-formed S3 XML
+
+
+def test_on_a_virtual_hosted_bucket_keys_under_lota_are_keys_not_admin_calls(
+    lota: LotaProcess, bucket: str, origin_s3: Any
+) -> None:
+    """Admin calls live on the bare host; on BUCKET.domain, /_lota/metrics is a key."""
+    host = f"{bucket}.lota.local:{lota.port}"
+    status, _ = raw(lota, signed(lota, "PUT", "/_lota/metrics", b"not metrics", host=host))
+    assert status == 200
+    assert origin_s3.get_object(Bucket=bucket, Key="_lota/metrics")["Body"].read() == (
+        b"not metrics"
+    )
+    status, body = raw(lota, signed(lota, "GET", "/_lota/metrics", host=host))
+    assert (status, body) == (200, b"not metrics")
+    status, body = raw(lota, signed(lota, "GET", "/_lota/healthz", host=host))
+    assert (status, error_code(body)) == (404, "NoSuchKey")
+    status, body = raw(lota, b"GET /_lota/healthz HTTP/1.1\r\nHost: lota.local\r\n\r\n")
+    assert (status, body) == (200, b"ok\n")
