@@ -249,6 +249,7 @@ def test_serve_with_nothing_configured_starts_an_embedded_origin_and_prints_cred
             printed += line
             if line.startswith("Try:"):
                 break
+        assert "The embedded origin keeps objects in memory" in printed
         key = re.search(r"AWS_ACCESS_KEY_ID=(\S+)", printed)
         secret = re.search(r"AWS_SECRET_ACCESS_KEY=(\S+)", printed)
         assert key and secret, printed
