@@ -161,7 +161,21 @@ class Metrics:
         )
         self.cache_prefetches = Counter(
             "lota_cache_prefetches",
-            "Whole-object prefetches started (HEAD with Range: bytes=0-0, lota warm)",
+            "Whole-object prefetches started (HEAD with Range: bytes=0-0)",
+            registry=r,
+        )
+        self.warm_objects = Counter(
+            "lota_warm_objects",
+            "Objects lota warm dealt with, by result: filled, cached (already), denied "
+            "(the policy forbids reading it), failed",
+            ["result"],
+            registry=r,
+        )
+        for result in ("filled", "cached", "denied", "failed"):  # zeros are news too
+            self.warm_objects.labels(result)
+        self.warm_filled_bytes = Counter(
+            "lota_warm_filled_bytes",
+            "Size of the objects lota warm filled",
             registry=r,
         )
         self.accelerated_writes = Counter(

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import gc
 import itertools
-import json
 import logging
 import os
 import signal
@@ -43,7 +42,7 @@ from lota.auth.sigv4 import RequestView
 from lota.cache.fill import Filler
 from lota.cache.reads import ReadPath, cacheable
 from lota.cache.store import CacheError, CacheStore
-from lota.cache.warm import warm
+from lota.cache.warm import Warm, parse_concurrency
 from lota.catalog import Catalog, CatalogUnavailable, EventKind, PendingSummary, open_catalog
 from lota.clock import Clock
 from lota.config import Config, ConfigError, StartupError
@@ -69,7 +68,7 @@ from lota.s3.addressing import (
     split_target,
 )
 from lota.s3.errors import OriginError, S3Error
-from lota.s3.operations import object_arn
+from lota.s3.operations import bucket_arn, object_arn
 from lota.s3.xml import deleted_keys
 from lota.tasks import TaskGroup
 
@@ -513,22 +512,39 @@ class Node:
         return web.Response(text=self.lifecycle.as_json(), content_type="application/json")
 
     async def _warm(self, request: web.BaseRequest) -> web.StreamResponse:
-        """``POST /_lota/warm?bucket=B&prefix=P[&concurrency=N]``: progress as JSON lines."""
+        """``POST /_lota/warm?bucket=B&prefix=P[&concurrency=N]``: progress as JSON lines.
+
+        Needs ``s3:ListBucket`` on the bucket; each object is filled only if its
+        ``s3:GetObject`` is allowed (see :mod:`lota.cache.warm`)."""
         bucket = request.query.get("bucket", "")
-        prefix = request.query.get("prefix", "")
         if not is_valid_bucket_name(bucket):
             raise S3Error("InvalidBucketName", "The specified bucket is not valid.")
         raw_path, query = split_target(request.raw_path)
         view = RequestView(request.method, raw_path, query, request.headers)
-        self.auth.authorize(view, "s3:GetObject", f"arn:aws:s3:::{bucket}/{prefix}*")
+        principal = self.auth.authorize(view, "s3:ListBucket", bucket_arn(bucket))
+        concurrency = parse_concurrency(request.query.get("concurrency"))
         if self._reads is None or self._passthrough is None:
             raise S3Error("InvalidRequest", "This node has no cache to warm.")
-        concurrency = int(request.query.get("concurrency", "8") or 8)
-        origin = self._passthrough.origin_for(bucket)
+
+        def may_read(key: str) -> bool:
+            return principal is None or principal.policy.allows(
+                "s3:GetObject", object_arn(bucket, key)
+            )
+
+        run = Warm(
+            self._reads.filler,
+            self._passthrough.origin_for(bucket),
+            bucket,
+            request.query.get("prefix", ""),
+            may_read=may_read,
+            metrics=self.metrics,
+            concurrency=concurrency,
+        )
+        await run.start()  # a refusal is still an S3 error, before any 200
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
-        async for progress in warm(self._reads.filler, origin, bucket, prefix, concurrency):
-            await response.write(json.dumps(progress.as_dict()).encode() + b"\n")
+        async for progress in run.progress():
+            await response.write(progress.as_line())
         await response.write_eof()
         return response
 

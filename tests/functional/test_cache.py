@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import http.client
@@ -15,14 +16,20 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from yarl import URL
 
+from lota.auth.sigv4 import sign_headers
 from lota.devtools import PRINCIPALS, LotaProcess
+from lota.http import encode_query
 from tests.conftest import client_for
 from tests.recorder import RecordingProxy, recording_proxy
 
@@ -51,6 +58,7 @@ def node_factory(
         size: str = "2GiB",
         port: int | None = None,
         top: dict[str, Any] | None = None,
+        credentials: Path | None = None,
         **cache: Any,
     ) -> LotaProcess:
         dirs = cache_dir if isinstance(cache_dir, list) else [cache_dir or tmp_path / "cache"]
@@ -59,7 +67,7 @@ def node_factory(
         config = tmp_path / f"lota-{len(nodes)}.toml"
         config.write_text(
             f'{top_level}[cache]\ndirs = {_toml([str(d) for d in dirs])}\nsize = "{size}"\n{settings}\n'
-            f'[auth]\nmode = "sigv4"\ncredentials = "{credentials_file}"\n'
+            f'[auth]\nmode = "sigv4"\ncredentials = "{credentials or credentials_file}"\n'
             f'[regions.us-east]\nendpoint = "{recorder.url}"\n'
         )
         node = LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log")
@@ -847,6 +855,87 @@ def test_lota_warm_fills_a_prefix_with_progress(
         check=False,
     )
     assert denied.returncode == 1 and "SignatureDoesNotMatch" in denied.stderr
+
+
+# -- lota warm: authorization per object, clean errors, honest summaries -------------------
+
+# Everything, except reading anything under private/ in any bucket.
+WARMER = ("AKIAWARMER000000001", "warmer-secret-000000000000000000000000")
+WARMER_POLICY = (
+    '{"Statement":['
+    '{"Effect":"Allow","Action":"s3:*","Resource":"*"},'
+    '{"Effect":"Deny","Action":"s3:GetObject","Resource":"arn:aws:s3:::*/private/*"}]}'
+)
+
+
+def _lota_warm(
+    url: str, endpoint: str, *args: str, keys: tuple[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    key, secret = keys or PRINCIPALS["admin"][:2]
+    return subprocess.run(
+        [sys.executable, "-m", "lota", "warm", url, "--endpoint", endpoint, *args],
+        env={**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _post_warm(node: LotaProcess, query: list[tuple[str, str]]) -> tuple[int, str, bytes]:
+    """A signed ``POST /_lota/warm``, sent with aiohttp; (status, content type, body)."""
+
+    async def post() -> tuple[int, str, bytes]:
+        key, secret, _ = PRINCIPALS["admin"]
+        url = f"{node.url}/_lota/warm?{encode_query(query)}"
+        headers = sign_headers(
+            "POST",
+            url,
+            {},
+            access_key_id=key,
+            secret_access_key=secret,
+            region="us-east-1",
+            payload_hash=hashlib.sha256(b"").hexdigest(),
+            now=datetime.now(UTC),
+        )
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(URL(url, encoded=True), headers=headers) as response,
+        ):
+            return response.status, response.content_type, await response.read()
+
+    return asyncio.run(post())
+
+
+def _error_code(body: bytes) -> str:
+    root = ET.fromstring(body)
+    assert root.tag == "Error", body
+    return root.findtext("Code") or ""
+
+
+def _warm_counts(node: LotaProcess) -> dict[str, float]:
+    found = re.findall(r'^lota_warm_objects_total\{result="(\w+)"\} (\S+)$', node.metrics(), re.M)
+    return {result: float(value) for result, value in found}
+
+
+def test_warm_concurrency_that_is_not_a_sane_whole_number_is_400_invalid_argument(
+    node_factory: NodeFactory, recorder: RecordingProxy, bucket: str
+) -> None:
+    node = node_factory()
+    for value in ("abc", "0", "-3", "1.5", "", "99999999999999999999"):
+        status, kind, body = _post_warm(node, [("bucket", bucket), ("concurrency", value)])
+        assert (status, kind, _error_code(body)) == (400, "application/xml", "InvalidArgument")
+    assert recorder.requests("GET", f"/{bucket}") == []
+    status, kind, body = _post_warm(node, [("bucket", bucket), ("concurrency", "64")])
+    assert (status, kind) == (200, "application/x-ndjson"), body
+
+
+def test_warm_of_a_missing_bucket_is_the_origins_404_before_any_progress(
+    node_factory: NodeFactory,
+) -> None:
+    node = node_factory()
+    status, kind, body = _post_warm(node, [("bucket", "no-such-bucket-here")])
+    assert (status, kind, _error_code(body)) == (404, "application/xml", "NoSuchBucket")
 
 
 def test_keys_that_look_like_paths_are_cached_inside_the_cache_dirs_only(
