@@ -210,6 +210,8 @@ def _warm(args: argparse.Namespace) -> int:
 
     if not args.url.startswith("s3://"):
         raise ConfigError(f"expected s3://bucket/prefix, got {args.url!r}")
+    if not args.endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"--endpoint must be an http:// or https:// URL, got {args.endpoint!r}")
     bucket, _, prefix = args.url[5:].partition("/")
     result: list[int] = []
 

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import http.client
 import io
+import json
 import os
 import re
 import socket
@@ -28,7 +29,8 @@ import pytest
 from yarl import URL
 
 from lota.auth.sigv4 import sign_headers
-from lota.devtools import PRINCIPALS, LotaProcess
+from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
+from lota.embedded import free_port
 from lota.http import encode_query
 from tests.conftest import client_for
 from tests.recorder import RecordingProxy, recording_proxy
@@ -838,7 +840,7 @@ def test_lota_warm_fills_a_prefix_with_progress(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "warmed 12 objects" in done.stdout
+    assert "lota warm: 12 filled (12.0 MiB), 0 already cached, 0 denied, 0 failed" in done.stdout
     assert "12/12 objects" in done.stderr  # the progress bar
     recorder.clear()
     s3 = client_for(node.url)
@@ -918,6 +920,36 @@ def _warm_counts(node: LotaProcess) -> dict[str, float]:
     return {result: float(value) for result, value in found}
 
 
+def test_warm_of_a_wider_prefix_skips_and_counts_the_objects_a_deny_forbids(
+    node_factory: NodeFactory,
+    recorder: RecordingProxy,
+    origin_s3: Any,
+    bucket: str,
+    tmp_path: Path,
+) -> None:
+    credentials = write_credentials(tmp_path / "credentials.toml")
+    with credentials.open("a") as file:
+        file.write(
+            f'\n[[principal]]\nname = "warmer"\naccess_key_id = "{WARMER[0]}"\n'
+            f"secret_access_key = \"{WARMER[1]}\"\npolicy = '{WARMER_POLICY}'\n"
+        )
+    node = node_factory(credentials=credentials)
+    _put(origin_s3, bucket, "private/secret.bin", MiB)
+    _put(origin_s3, bucket, "privacy/a.bin", MiB)
+    _put(origin_s3, bucket, "privacy/b.bin", MiB)
+    done = _lota_warm(f"s3://{bucket}/priv", node.url, keys=WARMER)
+    assert done.returncode == 3, done.stderr
+    assert "lota warm: 2 filled (2.0 MiB), 0 already cached, 1 denied, 0 failed" in done.stdout
+    assert recorder.requests("GET", f"/{bucket}/private/secret.bin") == []
+    # The literal prefix is no way around the Deny either.
+    exact = _lota_warm(f"s3://{bucket}/private/secret", node.url, keys=WARMER)
+    assert exact.returncode == 3, exact.stderr
+    assert "0 filled (0.0 MiB), 0 already cached, 1 denied, 0 failed" in exact.stdout
+    assert recorder.requests("GET", f"/{bucket}/private/secret.bin") == []
+    assert _get(client_for(node.url), bucket, "private/secret.bin")[1] == "MISS"
+    assert _warm_counts(node) == {"filled": 2.0, "cached": 0.0, "denied": 2.0, "failed": 0.0}
+
+
 def test_warm_concurrency_that_is_not_a_sane_whole_number_is_400_invalid_argument(
     node_factory: NodeFactory, recorder: RecordingProxy, bucket: str
 ) -> None:
@@ -936,6 +968,111 @@ def test_warm_of_a_missing_bucket_is_the_origins_404_before_any_progress(
     node = node_factory()
     status, kind, body = _post_warm(node, [("bucket", "no-such-bucket-here")])
     assert (status, kind, _error_code(body)) == (404, "application/xml", "NoSuchBucket")
+    done = _lota_warm("s3://no-such-bucket-here/x", node.url)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith("lota warm: NoSuchBucket (404): "), done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_warm_with_a_wrong_endpoint_says_it_cannot_reach_it_without_a_traceback() -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    done = _lota_warm("s3://b/x", endpoint)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"lota warm: cannot reach {endpoint}: "), done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    schemeless = _lota_warm("s3://b/x", "127.0.0.1:9000")
+    assert schemeless.returncode == 2
+    assert schemeless.stderr == (
+        "lota: configuration error: --endpoint must be an http:// or https:// URL,"
+        " got '127.0.0.1:9000'\n"
+    )
+
+
+def test_warm_of_objects_already_cached_says_so_and_fetches_nothing(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    for i in range(3):
+        _put(origin_s3, bucket, f"d/{i}", MiB)
+    first = _lota_warm(f"s3://{bucket}/d/", node.url)
+    assert first.returncode == 0, first.stderr
+    assert "lota warm: 3 filled (3.0 MiB), 0 already cached, 0 denied, 0 failed" in first.stdout
+    recorder.clear()
+    status, _, body = _post_warm(node, [("bucket", bucket), ("prefix", "d/")])
+    assert status == 200
+    last = json.loads(body.splitlines()[-1])
+    assert last == {
+        "final": True,
+        "error": None,
+        "listing_done": True,
+        "objects_listed": 3,
+        "bytes_listed": 3 * MiB,
+        "objects_done": 3,
+        "bytes_done": 3 * MiB,
+        "filled": 0,
+        "bytes_filled": 0,
+        "cached": 3,
+        "denied": 0,
+        "failed": 0,
+    }
+    assert [s.path for s in recorder.requests("GET")] == [f"/{bucket}"]  # the listing only
+    again = _lota_warm(f"s3://{bucket}/d/", node.url)
+    assert again.returncode == 0, again.stderr
+    assert "lota warm: 0 filled (0.0 MiB), 3 already cached, 0 denied, 0 failed" in again.stdout
+    assert _warm_counts(node) == {"filled": 3.0, "cached": 6.0, "denied": 0.0, "failed": 0.0}
+
+
+def test_warm_answer_that_breaks_off_before_its_summary_is_an_error(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    for i in range(20):
+        _put(origin_s3, bucket, f"slow/{i:02d}", 1000)
+    recorder.delay = 0.3
+    key, secret, _ = PRINCIPALS["admin"]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "lota", "warm", f"s3://{bucket}/slow/", "--endpoint", node.url],
+        env={**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while len(recorder.requests("GET")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    node.kill()
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 1, err
+    assert out == ""
+    assert "lota warm: the answer broke off before its summary" in err, err
+    assert "Traceback" not in err
+
+
+def test_warm_that_loses_its_origin_midway_ends_with_an_error_line(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    node = node_factory()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: origin_s3.put_object(Bucket=bucket, Key=f"k/{i:04d}"), range(1001)))
+    key, secret, _ = PRINCIPALS["admin"]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "lota", "warm", f"s3://{bucket}/k/", "--endpoint", node.url],
+        env={**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while len(recorder.requests("GET")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    recorder.down = True  # the second listing page (keys 1000 on) never comes
+    out, err = cli.communicate(timeout=120)
+    assert cli.returncode == 1, err
+    filled, failed = map(int, re.findall(r"(\d+) filled .* (\d+) failed", out)[0])
+    assert filled + failed == 1000 and filled >= 2
+    assert "lota warm: stopped early: ServiceUnavailable: " in err, err
+    assert "Traceback" not in err
 
 
 def test_keys_that_look_like_paths_are_cached_inside_the_cache_dirs_only(
