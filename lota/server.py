@@ -543,8 +543,9 @@ class Node:
         await run.start()  # a refusal is still an S3 error, before any 200
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
-        async for progress in run.progress():
-            await response.write(progress.as_line())
+        async with contextlib.aclosing(run.progress()) as lines:
+            async for progress in lines:
+                await response.write(progress.as_line())
         await response.write_eof()
         return response
 

@@ -26,7 +26,7 @@ import json
 import logging
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -155,17 +155,34 @@ class Warm:
         self._slots = asyncio.Semaphore(concurrency)
         self._finished: asyncio.Queue[None] = asyncio.Queue()
         self._first: Page | None = None
+        self._running = 0  # fills started and not yet reported
         self.state = Progress()
 
     async def start(self) -> None:
         """List the first page; raises the S3Error (or OriginError) if the origin refuses."""
         self._first = await list_page(self._origin, self._bucket, self._prefix, "")
 
-    async def progress(self) -> AsyncIterator[Progress]:
+    async def progress(self) -> AsyncGenerator[Progress, None]:
         """Fill what is listed; yield after each object, at the end of the listing, and a
-        final time when everything started has finished."""
+        final time when everything started has finished. Close it (``aclosing``) when
+        not iterated to the end."""
         tasks = TaskGroup(f"warm {self._bucket}/{self._prefix}")
-        running = 0
+        try:
+            async for state in self._start_fills(tasks):
+                yield state
+            yield self.state
+            while self._running:
+                await self._finished.get()
+                self._running -= 1
+                yield self.state
+        finally:
+            await tasks.close()  # only what a departed client left running
+        self.state.final = True
+        yield self.state
+
+    async def _start_fills(self, tasks: TaskGroup) -> AsyncIterator[Progress]:
+        """Start a fill for each listed object that may be read, yielding as others end;
+        a listing that fails midway ends here, its error recorded for the final line."""
         try:
             async for key, size in self._listing():
                 self.state.objects_listed += 1
@@ -176,10 +193,10 @@ class Warm:
                     continue
                 await self._slots.acquire()
                 tasks.start(self._one(key, size), f"fill {key}")
-                running += 1
+                self._running += 1
                 while not self._finished.empty():
                     self._finished.get_nowait()
-                    running -= 1
+                    self._running -= 1
                     yield self.state
             self.state.listing_done = True
         except (S3Error, OriginError) as exc:
@@ -187,16 +204,6 @@ class Warm:
         except Exception as exc:  # a bug: still end the answer with a line that says so
             log.exception("warm of %s/%s failed", self._bucket, self._prefix)
             self._stopped(exc)
-        try:
-            yield self.state
-            while running:
-                await self._finished.get()
-                running -= 1
-                yield self.state
-        finally:
-            await tasks.close()  # only what a departed client left running
-        self.state.final = True
-        yield self.state
 
     async def _listing(self) -> AsyncIterator[tuple[str, int]]:
         assert self._first is not None, "start() first"
