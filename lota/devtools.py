@@ -28,10 +28,23 @@ GUARDED_POLICY = (
     '{"Effect":"Deny","Action":["s3:PutObject","s3:DeleteObject"],'
     '"Resource":"arn:aws:s3:::*/protected/*"}]}'
 )
+# Key-scoped grants, as in issue #10: reads under public/ except public/private.bin, deletes
+# only under alpha/scratch/, writes anywhere.
+SCOPED_POLICY = (
+    '{"Statement":['
+    '{"Effect":"Allow","Action":["s3:PutObject","s3:ListBucket","s3:AbortMultipartUpload"],'
+    '"Resource":"*"},'
+    '{"Effect":"Allow","Action":["s3:GetObject","s3:GetObjectVersion"],'
+    '"Resource":"arn:aws:s3:::*/public/*"},'
+    '{"Effect":"Deny","Action":["s3:GetObject","s3:GetObjectVersion"],'
+    '"Resource":"arn:aws:s3:::*/public/private.bin"},'
+    '{"Effect":"Allow","Action":"s3:DeleteObject","Resource":"arn:aws:s3:::*/alpha/scratch/*"}]}'
+)
 PRINCIPALS = {
     "admin": ("AKIAADMIN0000000001", "admin-secret-0000000000000000000000000", ADMIN_POLICY),
     "reader": ("AKIAREADER000000001", "reader-secret-000000000000000000000000", READER_POLICY),
     "guarded": ("AKIAGUARDED00000001", "guarded-secret-00000000000000000000000", GUARDED_POLICY),
+    "scoped": ("AKIASCOPED000000001", "scoped-secret-000000000000000000000000", SCOPED_POLICY),
 }
 # Test nodes serve HTTPS with throw-away self-signed certificates.
 _UNVERIFIED = ssl.create_default_context()

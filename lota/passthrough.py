@@ -3,6 +3,8 @@
 The request is re-signed with the region's service credentials; the body streams through
 :func:`lota.relay.verified_body` (so it is checked before the origin can complete it); the
 response streams back with its status, headers and XML errors as the origin sent them.
+The client's ``x-amz-copy-source`` never travels on: the caller passes the one rebuilt
+from the source it authorized (:attr:`lota.s3.operations.Operation.forwarded_copy_source`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lota.s3.errors import S3Error
 
 STREAMING_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
 BYPASS = {"x-lota-cache": "BYPASS"}
+COPY_SOURCE = "x-amz-copy-source"
 
 
 class PassThrough:
@@ -51,12 +54,19 @@ class PassThrough:
         request: web.BaseRequest,
         target: Target,
         decoder: BodyDecoder,
+        copy_source: str | None = None,
         *,
         body: bytes | None = None,
     ) -> web.StreamResponse:
         """Relay the request, streaming its body, or sending `body` when it was read already."""
         headers = forwardable_request_headers(request.headers)
-        query = [(k, v) for k, v in target.query if k not in PRESIGN_QUERY]
+        headers.pop(COPY_SOURCE, None)
+        if copy_source is not None:
+            headers[COPY_SOURCE] = copy_source
+        # A copy source hoisted into a presigned URL's query was authorized as the header.
+        query = [
+            (k, v) for k, v in target.query if k not in PRESIGN_QUERY and k.lower() != COPY_SOURCE
+        ]
         if body is None:
             data, payload_hash = self._body(request, decoder, headers)
         else:

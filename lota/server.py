@@ -389,11 +389,12 @@ class Node:
                 return routed
         if ctx.operation == "DeleteObjects":
             return await self._delete_objects(request, target, authorized, decoder)
+        copy_source = authorized.operation.forwarded_copy_source
         if ctx.operation not in INVALIDATING:
-            return await self._passthrough.forward(request, target, decoder)
+            return await self._passthrough.forward(request, target, decoder, copy_source)
         await self._invalidate(target.bucket, [target.key])
         try:
-            return await self._passthrough.forward(request, target, decoder)
+            return await self._passthrough.forward(request, target, decoder, copy_source)
         finally:
             await self._invalidate(target.bucket, [target.key])
 

@@ -15,10 +15,13 @@ Several subresources at once are treated the same way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from lota.http import uri_encode
+from lota.s3.addressing import is_valid_bucket_name
 from lota.s3.errors import S3Error
 
 # Query parameters that are arguments of an operation, never its subresource.
@@ -179,7 +182,10 @@ class Operation:
 
     ``copy_source`` is set for CopyObject and UploadPartCopy: the caller must also check
     ``copy_source_action`` (``s3:GetObject``, or ``s3:GetObjectVersion`` when the source
-    names a version) on ``arn:aws:s3:::<bucket>/<key>`` of the source.
+    names a version, ``copy_source_version``) on ``arn:aws:s3:::<bucket>/<key>`` of the
+    source. What reaches the origin is :attr:`forwarded_copy_source`, rebuilt from exactly
+    that, never the client's header: an origin that parses the header differently must not
+    copy a key other than the one authorized.
 
     DeleteObjects is a bucket request (``resource`` is the bucket) whose keys travel in
     its XML body; like S3, the server must check ``s3:DeleteObject`` on each key.
@@ -190,6 +196,14 @@ class Operation:
     resource: str
     copy_source: tuple[str, str] | None = None
     copy_source_action: str = "s3:GetObject"
+    copy_source_version: str = ""
+
+    @property
+    def forwarded_copy_source(self) -> str | None:
+        """The ``x-amz-copy-source`` to send the origin (None: send none)."""
+        if self.copy_source is None:
+            return None
+        return copy_source_header(*self.copy_source, self.copy_source_version)
 
 
 def classify(
@@ -290,32 +304,66 @@ def _copy_source_header(headers: Mapping[str, str], query: Sequence[tuple[str, s
 
 
 def _copy(name: str, resource: str, header: str) -> Operation:
-    source_bucket, source_key, versioned = parse_copy_source(header)
+    source_bucket, source_key, version = parse_copy_source(header)
     return Operation(
         name,
         "s3:PutObject",
         resource,
         copy_source=(source_bucket, source_key),
-        copy_source_action="s3:GetObjectVersion" if versioned else "s3:GetObject",
+        copy_source_action="s3:GetObjectVersion" if version else "s3:GetObject",
+        copy_source_version=version,
     )
 
 
-def parse_copy_source(header: str) -> tuple[str, str, bool]:
-    """``x-amz-copy-source`` -> (bucket, key, names a version).
+# A `%` not followed by two hex digits: S3 refuses such a header, unquote() would keep it.
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
-    The header is ``[/]bucket/key[?versionId=id]`` with the bucket and key URL-encoded;
-    the ``?`` of the version suffix is literal, a ``?`` inside the key is encoded.
+
+def parse_copy_source(header: str) -> tuple[str, str, str]:
+    """``x-amz-copy-source`` -> (bucket, key, version id or "").
+
+    The header is ``[/]bucket/key[?versionId=id]`` with the bucket and key URL-encoded:
+    the one literal ``?`` starts the version suffix, which is the only query S3 takes; a
+    ``?`` or ``#`` inside the key is encoded. ``;`` is a key character (S3 does not know
+    RFC 3986 path parameters). Anything else is refused as S3 refuses it.
     """
-    raw, _, version = header.partition("?versionId=")
+    if "#" in header:
+        raise _bad_copy_source(header)
+    raw, question, query = header.partition("?")
+    version = ""
+    if question:
+        name, equals, version = query.partition("=")
+        if name != "versionId" or not equals or not version or "&" in version:
+            raise _bad_copy_source(header)
+        version = _unquote(version, header)
+    bucket, slash, key = _unquote(raw.removeprefix("/"), header).partition("/")
+    if not slash or not key or not is_valid_bucket_name(bucket):
+        raise _bad_copy_source(header)
+    return bucket, key, version
+
+
+def copy_source_header(bucket: str, key: str, version_id: str = "") -> str:
+    """The ``x-amz-copy-source`` naming exactly (bucket, key, version): everything but
+    unreserved characters and the key's slashes percent-encoded, so that S3 (and any
+    URL parser) decodes it back to the same key."""
+    header = f"{uri_encode(bucket, keep_slash=False)}/{uri_encode(key, keep_slash=True)}"
+    if version_id:
+        header += f"?versionId={uri_encode(version_id, keep_slash=False)}"
+    return header
+
+
+def _unquote(text: str, header: str) -> str:
+    if _BAD_PERCENT.search(text):
+        raise _bad_copy_source(header)
     try:
-        path = unquote(raw.removeprefix("/"), errors="strict")
-    except UnicodeDecodeError:
-        path = ""
-    bucket, slash, key = path.partition("/")
-    if not bucket or not slash or not key or bucket.startswith("arn:"):
-        raise S3Error(
-            "InvalidArgument",
-            "Copy Source must mention the source bucket and key: sourcebucket/sourcekey",
-            extra={"ArgumentName": "x-amz-copy-source", "ArgumentValue": header},
-        )
-    return bucket, key, bool(version)
+        return unquote(text, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise _bad_copy_source(header) from exc
+
+
+def _bad_copy_source(header: str) -> S3Error:
+    return S3Error(
+        "InvalidArgument",
+        "Copy Source must mention the source bucket and key: sourcebucket/sourcekey",
+        extra={"ArgumentName": "x-amz-copy-source", "ArgumentValue": header},
+    )

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lota.s3.addressing import parse_query, parse_target
 from lota.s3.errors import S3Error
-from lota.s3.operations import Operation, classify, parse_copy_source
+from lota.s3.operations import Operation, classify, copy_source_header, parse_copy_source
 
 
 class Captured(Exception):
@@ -288,26 +288,72 @@ def test_copy_of_a_version_needs_get_object_version_on_the_source() -> None:
 @pytest.mark.parametrize(
     ("header", "expected"),
     [
-        ("src/key", ("src", "key", False)),
-        ("/src/key", ("src", "key", False)),
-        ("src/dir/a%20b%2Bc", ("src", "dir/a b+c", False)),
-        ("src/q%3Fx?versionId=abc", ("src", "q?x", True)),
-        ("src/a//b/../c", ("src", "a//b/../c", False)),
-        ("src/%E2%9C%93", ("src", "✓", False)),
+        ("src/key", ("src", "key", "")),
+        ("/src/key", ("src", "key", "")),
+        ("src/dir/a%20b%2Bc", ("src", "dir/a b+c", "")),
+        ("src/q%3Fx?versionId=abc", ("src", "q?x", "abc")),
+        ("src/a//b/../c", ("src", "a//b/../c", "")),
+        ("src/%E2%9C%93", ("src", "✓", "")),
+        # `;` is an ordinary key character to S3, not the start of RFC 3986 path parameters.
+        ("src/public/private.bin;x", ("src", "public/private.bin;x", "")),
+        ("src/a+b", ("src", "a+b", "")),
+        ("src/k?versionId=v%2B1", ("src", "k", "v+1")),
     ],
 )
-def test_parse_copy_source(header: str, expected: tuple[str, str, bool]) -> None:
+def test_parse_copy_source(header: str, expected: tuple[str, str, str]) -> None:
     assert parse_copy_source(header) == expected
 
 
 @pytest.mark.parametrize(
     "header",
-    ["src", "src/", "/src", "", "/", "arn:aws:s3:us-east-1:1:accesspoint/ap/object/k", "src/%FF"],
+    [
+        "src",
+        "src/",
+        "/src",
+        "",
+        "/",
+        "arn:aws:s3:us-east-1:1:accesspoint/ap/object/k",
+        "src/%FF",
+        # What made an origin copy a key other than the one authorized (issue #10).
+        "src/public/private.bin#x",
+        "src/public/private.bin?x=1",
+        "src/k?versionId=v&x=1",
+        "src/k?versionId=",
+        "src/k?",
+        "src/k?versionid=v",
+        "src/bad%zzkey",
+        "src/bad%4",
+        "Not_A_Bucket/k",
+        "ab/k",
+    ],
 )
 def test_bad_copy_sources_are_invalid_argument(header: str) -> None:
     with pytest.raises(S3Error) as info:
         classify("PUT", "bkt", "k", (), {"x-amz-copy-source": header})
-    assert info.value.code == "InvalidArgument"
+    assert (info.value.code, info.value.status) == ("InvalidArgument", 400)
+
+
+@given(
+    key=st.text(min_size=1, max_size=64),
+    version=st.sampled_from(["", "null", "3/L4kqtJl+cB=", "v 1?&#%"]),
+)
+def test_the_forwarded_copy_source_decodes_back_to_the_authorized_source(
+    key: str, version: str
+) -> None:
+    header = copy_source_header("src-bucket", key, version)
+    assert parse_copy_source(header) == ("src-bucket", key, version)
+    # What an origin sees: no character a URL parser would take for a delimiter.
+    assert not set(header.partition("?")[0]) & set(";#?&+ ")
+
+
+def test_a_copy_operation_forwards_a_copy_source_rebuilt_from_what_was_authorized() -> None:
+    operation = classify(
+        "PUT", "bkt", "k", (), {"x-amz-copy-source": "/src/a%20b;c%2B?versionId=v1"}
+    )
+    assert operation.copy_source == ("src", "a b;c+")
+    assert operation.copy_source_version == "v1"
+    assert operation.forwarded_copy_source == "src/a%20b%3Bc%2B?versionId=v1"
+    assert classify("PUT", "bkt", "k", (), {}).forwarded_copy_source is None
 
 
 def test_copy_source_hoisted_into_a_presigned_query_is_still_checked() -> None:
