@@ -69,7 +69,7 @@ from lota.s3.addressing import (
 )
 from lota.s3.errors import OriginError, S3Error
 from lota.s3.operations import bucket_arn, object_arn
-from lota.s3.xml import deleted_keys
+from lota.s3.xml import DeleteEntry, DeleteRequest, delete_result, merge_result, parse_delete
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.server")
@@ -401,23 +401,46 @@ class Node:
     async def _delete_objects(
         self, request: web.BaseRequest, target: Target, authorized: Authorized, decoder: BodyDecoder
     ) -> web.StreamResponse:
-        """DeleteObjects: each named key needs s3:DeleteObject, as S3 checks it per key."""
-        assert self._passthrough is not None
+        """DeleteObjects, authorized per key as S3 does: denied keys are reported as
+        AccessDenied errors and never sent on; the origin (or the catalog) gets a body
+        rebuilt from the authorized entries only."""
         body = await read_small_body(request, decoder, DELETE_BODY_LIMIT, self.config.body_timeout)
-        keys = deleted_keys(body)
-        for key in keys:
-            if not self.auth.allows(authorized, "s3:DeleteObject", object_arn(target.bucket, key)):
-                raise S3Error("AccessDenied", f"Access Denied for key {key!r}")
+        allowed, denied = self._authorize_deletes(authorized, target.bucket, parse_delete(body))
+        keys = [entry.key for entry in allowed.entries]
+        if not keys:
+            return web.Response(body=delete_result((), denied), content_type="application/xml")
         if self._router is not None:
-            routed = await self._router.handle(request, target, authorized.operation, decoder, body)
-            if routed is not None:
+            result = await self._router.delete_objects(target, allowed)
+            if result is not None:
                 await self._drop_cached(target.bucket, keys)
-                return routed
+                body = merge_result(result, denied, quiet=allowed.quiet)
+                return web.Response(body=body, content_type="application/xml")
+        assert self._passthrough is not None
         await self._invalidate(target.bucket, keys)
         try:
-            return await self._passthrough.forward(request, target, decoder, body=body)
+            response = await self._passthrough.exchange(request, target, allowed.to_xml())
         finally:
             await self._invalidate(target.bucket, keys)
+        if (denied or allowed.quiet) and response.status == 200:
+            assert isinstance(response.body, bytes)
+            response.body = merge_result(response.body, denied, quiet=allowed.quiet)
+        return response
+
+    def _authorize_deletes(
+        self, authorized: Authorized, bucket: str, wanted: DeleteRequest
+    ) -> tuple[DeleteRequest, list[DeleteEntry]]:
+        """Split the entries into those the principal may delete and those it may not (a
+        version needs s3:DeleteObjectVersion, as on AWS)."""
+        allowed: list[DeleteEntry] = []
+        denied: list[DeleteEntry] = []
+        for entry in wanted.entries:
+            action = "s3:DeleteObjectVersion" if entry.version_id else "s3:DeleteObject"
+            if self.auth.allows(authorized, action, object_arn(bucket, entry.key)):
+                allowed.append(entry)
+            else:
+                log.info("denied DeleteObjects entry %s/%s", bucket, entry.key)
+                denied.append(entry)
+        return DeleteRequest(tuple(allowed), wanted.quiet), denied
 
     async def _drop_cached(self, bucket: str, keys: list[str]) -> None:
         """Drop this node's cached copies (accelerated writes: the catalog's own events tell

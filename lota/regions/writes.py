@@ -36,7 +36,7 @@ from lota.regions.origin import OriginClient
 from lota.s3.addressing import Target
 from lota.s3.errors import OriginError, S3Error
 from lota.s3.operations import Operation
-from lota.s3.xml import delete_result, deleted_keys
+from lota.s3.xml import DeleteRequest, delete_result
 
 log = logging.getLogger("lota.writes")
 
@@ -81,7 +81,6 @@ class RegionalRouter:
         target: Target,
         operation: Operation,
         decoder: BodyDecoder,
-        delete_body: bytes | None = None,
     ) -> web.StreamResponse | None:
         """Any other operation the catalog has a say in; None when it has none."""
         name = operation.name
@@ -95,14 +94,6 @@ class RegionalRouter:
                 # An upload that went straight home, completed while an earlier write is
                 # still on its way: that write would land after it and undo it.
                 raise _still_migrating()
-            return None
-        if name == "DeleteObjects" and delete_body is not None:
-            # Like DeleteObject: in the catalog if the bucket is far or any key has a version
-            # still on its way home (a delete sent home past it would be undone by it).
-            if self._config.accelerated(target.bucket) or await self._any_pending(
-                target.bucket, deleted_keys(delete_body)
-            ):
-                return await self._delete_objects(target, delete_body)
             return None
         if name in _WRITES and await self._accelerates(target):
             if name == "CreateMultipartUpload" and self.accelerator.staging.mode != "bucket":
@@ -165,14 +156,19 @@ class RegionalRouter:
             return await accel.abort_multipart(upload_id)
         raise S3Error("NotImplemented", f"{name} is not supported for accelerated uploads yet")
 
-    async def _delete_objects(self, target: Target, body: bytes) -> web.StreamResponse:
-        keys = deleted_keys(body)
+    async def delete_objects(self, target: Target, deletes: DeleteRequest) -> bytes | None:
+        """DeleteObjects of the (authorized) entries, as a DeleteResult; None when the
+        catalog has no say. Like DeleteObject: in the catalog if the bucket is far or any
+        key has a version still on its way home (a delete sent home past it would be
+        undone by it)."""
+        keys = [entry.key for entry in deletes.entries]
+        if not self._config.accelerated(target.bucket) and not await self._any_pending(
+            target.bucket, keys
+        ):
+            return None
         for key in keys:
             await self.catalog.commit_delete(target.bucket, key)
-        quiet = b"<Quiet>true</Quiet>" in body.replace(b" ", b"")
-        return web.Response(
-            body=delete_result([] if quiet else keys), content_type="application/xml"
-        )
+        return delete_result(() if deletes.quiet else deletes.entries)
 
     async def _list(
         self, request: web.BaseRequest, target: Target, name: str

@@ -188,7 +188,9 @@ class Operation:
     copy a key other than the one authorized.
 
     DeleteObjects is a bucket request (``resource`` is the bucket) whose keys travel in
-    its XML body; like S3, the server must check ``s3:DeleteObject`` on each key.
+    its XML body: ``per_key`` is set, ``action`` is not checked on ``resource`` (S3 asks
+    no bucket-level permission), and the server must check ``s3:DeleteObject`` (or
+    ``s3:DeleteObjectVersion``) on each key instead.
     """
 
     name: str
@@ -197,6 +199,7 @@ class Operation:
     copy_source: tuple[str, str] | None = None
     copy_source_action: str = "s3:GetObject"
     copy_source_version: str = ""
+    per_key: bool = False
 
     @property
     def forwarded_copy_source(self) -> str | None:
@@ -257,7 +260,7 @@ def _bucket_operation(
     name, action = known
     if name == "ListObjects" and "list-type" in names:
         name = "ListObjectsV2"
-    return Operation(name, action, resource)
+    return Operation(name, action, resource, per_key=name == "DeleteObjects")
 
 
 def _object_operation(

@@ -239,3 +239,13 @@ def test_a_copy_of_an_older_version_copies_that_version(s3: Any, bucket: str) ->
     source = {"Bucket": bucket, "Key": "a b+ü", "VersionId": first}
     s3.copy_object(Bucket=bucket, Key="copy", CopySource=source)
     assert s3.get_object(Bucket=bucket, Key="copy")["Body"].read() == b"first"
+
+
+def test_delete_objects_of_keys_xml_must_escape_deletes_exactly_those(s3: Any, bucket: str) -> None:
+    # LOTA forwards a body it rebuilt from the parsed keys: escaping must give them back.
+    keys = ["a&b<c>\"d'e", "ünï/ ✓ ", "]]>", "keep"]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    result = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[:3]]})
+    assert sorted(d["Key"] for d in result["Deleted"]) == sorted(keys[:3])
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["keep"]

@@ -33,6 +33,10 @@ PRINCIPALS = {
         '{"Statement":[{"Effect":"Allow","Action":"s3:PutObject","Resource":"arn:aws:s3:::dst/*"},'
         '{"Effect":"Allow","Action":"s3:GetObject","Resource":"arn:aws:s3:::src/public/*"}]}'
     ),
+    "scratch": (
+        '{"Statement":{"Effect":"Allow","Action":"s3:DeleteObject",'
+        '"Resource":"arn:aws:s3:::bkt/scratch/*"}}'
+    ),
     "nopolicy": None,
 }
 
@@ -227,6 +231,21 @@ def test_per_key_checks_for_delete_objects(credentials: Path) -> None:
     assert authorized.operation.name == "DeleteObjects"
     assert auth.allows(authorized, "s3:DeleteObject", "arn:aws:s3:::bkt/a")
     assert not auth.allows(authorized, "s3:PutObject", "arn:aws:s3:::bkt/protected/a")
+
+
+def test_delete_objects_needs_no_bucket_permission_only_delete_object_on_each_key(
+    credentials: Path,
+) -> None:
+    view, bucket, key, when, _ = signed(
+        "scratch",
+        lambda s3: s3.delete_objects(Bucket="bkt", Delete={"Objects": [{"Key": "scratch/a"}]}),
+    )
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
+    authorized = auth.authenticate(view, bucket, key)  # as on AWS: no check on the bucket
+    assert authorized.operation.per_key
+    assert auth.allows(authorized, "s3:DeleteObject", "arn:aws:s3:::bkt/scratch/a")
+    assert not auth.allows(authorized, "s3:DeleteObject", "arn:aws:s3:::bkt/important/model.bin")
+    assert not auth.allows(authorized, "s3:DeleteObjectVersion", "arn:aws:s3:::bkt/scratch/a")
 
 
 def test_decoder_for_a_streaming_upload(credentials: Path) -> None:
