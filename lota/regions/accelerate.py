@@ -138,11 +138,18 @@ class Accelerator:
         return web.Response(status=204)
 
     async def copy_object(
-        self, request: web.BaseRequest, target: Target, source: tuple[str, str]
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        source: tuple[str, str],
+        version_id: str = "",
     ) -> web.StreamResponse:
-        """CopyObject into a far bucket: read the source (wherever it is), stage, commit."""
+        """CopyObject into a far bucket: read the source (wherever it is), stage, commit.
+
+        `source` and `version_id` are what was authorized; a named version is the
+        origin's (the catalog only knows latest versions)."""
         bucket, key = source
-        pending = await self.catalog.get_object(bucket, key)
+        pending = None if version_id else await self.catalog.get_object(bucket, key)
         if pending is not None and pending.pending:
             if pending.deleted:
                 raise S3Error("NoSuchKey", "The specified key does not exist.")
@@ -156,7 +163,7 @@ class Accelerator:
                 target.bucket, self.staging.read(object_location(pending)), size
             )
         else:
-            staged, source_headers = await self._copy_from_origin(target, bucket, key)
+            staged, source_headers = await self._copy_from_origin(target, bucket, key, version_id)
         directive = request.headers.get("x-amz-metadata-directive", "COPY").upper()
         headers = source_headers if directive == "COPY" else dict(request.headers)
         etag = f'"{staged.md5}"'
@@ -176,10 +183,11 @@ class Accelerator:
         return web.Response(body=xml.encode(), content_type="application/xml")
 
     async def _copy_from_origin(
-        self, target: Target, bucket: str, key: str
+        self, target: Target, bucket: str, key: str, version_id: str
     ) -> tuple[Staged, dict[str, str]]:
         origin = self._origin_for(bucket)
-        async with origin.request("GET", bucket, key) as reply:
+        query = [("versionId", version_id)] if version_id else []
+        async with origin.request("GET", bucket, key, query=query) as reply:
             if reply.status != 200:
                 raise S3Error(
                     "NoSuchKey" if reply.status == 404 else "AccessDenied",

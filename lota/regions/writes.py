@@ -129,7 +129,9 @@ class RegionalRouter:
             return await accel.put_object(request, target, decoder)
         if operation.name == "CopyObject":
             assert operation.copy_source is not None
-            return await accel.copy_object(request, target, operation.copy_source)
+            return await accel.copy_object(
+                request, target, operation.copy_source, operation.copy_source_version
+            )
         if operation.name == "DeleteObject":
             return await accel.delete_object(target)
         return await accel.create_multipart(request, target)

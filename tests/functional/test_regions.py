@@ -21,6 +21,7 @@ from lota.clock import Clock
 from lota.devtools import LotaProcess
 from lota.embedded import moto_server
 from tests.conftest import client_for
+from tests.functional.test_errors import SMUGGLED_SOURCES, error_code, raw, signed
 from tests.recorder import RecordingProxy, recording_proxy
 
 MiB = 1024 * 1024
@@ -434,3 +435,47 @@ def test_a_migration_whose_staging_copy_is_gone_says_so_not_that_the_home_is_unr
         time.sleep(0.2)
     assert [line for line in failed if "unreachable" in line] == []
     assert any(f"migrating {FAR}/lost" in line for line in failed)
+
+
+def test_an_accelerated_copy_reads_exactly_the_authorized_source_and_version(
+    regions: TwoRegions,
+) -> None:
+    near = "near-bucket"
+    regions.origin_a.put_bucket_versioning(
+        Bucket=near, VersioningConfiguration={"Status": "Enabled"}
+    )
+    regions.origin_a.put_object(Bucket=near, Key="public/private.bin", Body=b"secret")
+    key = "public/a b+ü;%.bin"
+    first = regions.origin_a.put_object(Bucket=near, Key=key, Body=b"first")["VersionId"]
+    regions.origin_a.put_object(Bucket=near, Key=key, Body=b"second")
+    scoped = client_for(regions.a.url, "scoped")
+    source = {"Bucket": near, "Key": key, "VersionId": first}
+    scoped.copy_object(Bucket=FAR, Key="copy", CopySource=source)  # LOTA copies it itself
+    assert client_for(regions.a.url).get_object(Bucket=FAR, Key="copy")["Body"].read() == b"first"
+    for smuggled, status, code in SMUGGLED_SOURCES:
+        headers = {"x-amz-copy-source": f"{near}/{smuggled}"}
+        request = signed(regions.a, "PUT", f"/{FAR}/stolen", b"", headers, principal="scoped")
+        answer_status, answer = raw(regions.a, request)
+        assert (answer_status, error_code(answer)) == (status, code), smuggled
+    with pytest.raises(scoped.exceptions.ClientError) as err:
+        client_for(regions.a.url).head_object(Bucket=FAR, Key="stolen")
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def test_an_accelerated_delete_objects_deletes_only_the_authorized_keys(
+    regions: TwoRegions,
+) -> None:
+    admin = client_for(regions.a.url)
+    for key in ("alpha/scratch/a", "alpha/important/model.bin"):
+        admin.put_object(Bucket=FAR, Key=key, Body=b"x")
+    result = client_for(regions.a.url, "scoped").delete_objects(
+        Bucket=FAR,
+        Delete={"Objects": [{"Key": "alpha/scratch/a"}, {"Key": "alpha/important/model.bin"}]},
+    )
+    assert [d["Key"] for d in result["Deleted"]] == ["alpha/scratch/a"]
+    assert [(e["Key"], e["Code"]) for e in result["Errors"]] == [
+        ("alpha/important/model.bin", "AccessDenied")
+    ]
+    assert admin.get_object(Bucket=FAR, Key="alpha/important/model.bin")["Body"].read() == b"x"
+    with pytest.raises(admin.exceptions.NoSuchKey):
+        admin.get_object(Bucket=FAR, Key="alpha/scratch/a")
