@@ -64,6 +64,36 @@ def write_credentials(path: Path) -> Path:
     return path
 
 
+AWS_CLI = "/usr/bin/aws"  # the Debian awscli package, installed by tests/setup_services.py
+
+
+def aws_cli(endpoint: str, home: Path, *args: str, principal: str = "admin") -> tuple[str, str]:
+    """Run the AWS CLI against `endpoint` as `principal`, with no config of the machine's
+    (`home` stands in for $HOME); (stdout, stderr). A failure raises AssertionError."""
+    key, secret, _ = PRINCIPALS[principal]
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(home / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
+        "AWS_PAGER": "",
+    }
+    done = subprocess.run(
+        [AWS_CLI, "--endpoint-url", endpoint, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode:
+        raise AssertionError(f"aws {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout, done.stderr
+
+
 class LotaProcess:
     """``lota serve`` in a subprocess, on a free loopback port."""
 

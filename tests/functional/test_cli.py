@@ -79,14 +79,7 @@ def test_credentials_new_writes_a_key_pair_that_signs_and_never_overwrites(
     )
     try:
         _wait_for_port(port, proc)
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            aws_access_key_id=key.group(1),
-            aws_secret_access_key=secret.group(1),
-            region_name="us-east-1",
-        )
-        assert "Buckets" in s3.list_buckets()
+        assert _can_list_buckets(port, key.group(1), secret.group(1))
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
@@ -114,14 +107,7 @@ def test_make_serve_with_lota_origin_serves_with_credentials_it_made(
         key = re.search(r'access_key_id = "(\S+)"', text)
         secret = re.search(r'secret_access_key = "(\S+)"', text)
         assert key and secret
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            aws_access_key_id=key.group(1),
-            aws_secret_access_key=secret.group(1),
-            region_name="us-east-1",
-        )
-        assert "Buckets" in s3.list_buckets()
+        assert _can_list_buckets(port, key.group(1), secret.group(1))
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(30)
@@ -236,6 +222,17 @@ def test_lifecycle_plan_says_when_nothing_would_move(
     assert missing.stderr.splitlines() == [
         "lota: listing no-such-bucket-here/ at the origin: 404 NoSuchBucket"
     ]
+
+
+def _can_list_buckets(port: int, key: str, secret: str) -> bool:
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        region_name="us-east-1",
+    )
+    return "Buckets" in s3.list_buckets()
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[Any], timeout: float = 60) -> None:

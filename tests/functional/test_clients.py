@@ -3,40 +3,18 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import s3fs
 
-from lota.devtools import PRINCIPALS, LotaProcess
+from lota.devtools import PRINCIPALS, LotaProcess, aws_cli
 
-AWS = "/usr/bin/aws"  # the Debian awscli package, installed by tests/setup_services.py
 MiB = 1024 * 1024
 
 
 def aws(lota: LotaProcess, home: Path, *args: str) -> str:
-    key, secret, _ = PRINCIPALS["admin"]
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "AWS_ACCESS_KEY_ID": key,
-        "AWS_SECRET_ACCESS_KEY": secret,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(home / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
-        "AWS_PAGER": "",
-    }
-    done = subprocess.run(
-        [AWS, "--endpoint-url", lota.url, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"aws {' '.join(args)} failed:\n{done.stderr}"
-    return done.stdout
+    return aws_cli(lota.url, home, *args)[0]
 
 
 def test_aws_cli_cp_sync_ls_rm(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 import urllib.request
 from collections import Counter
@@ -20,10 +19,9 @@ import boto3
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lota.devtools import PRINCIPALS, LotaProcess
+from lota.devtools import PRINCIPALS, LotaProcess, aws_cli
 from tests.conftest import client_for
 
-AWS = "/usr/bin/aws"  # the Debian awscli package, installed by tests/setup_services.py
 MiB = 1024 * 1024
 READS = ("GetObject", "HeadObject")
 
@@ -91,27 +89,7 @@ def header(request: Any, name: str) -> str:
 
 def aws(node: LotaProcess, home: Path, *args: str) -> str:
     """Run the AWS CLI with --debug as admin; returns its log (botocore's, on stderr)."""
-    key, secret, _ = PRINCIPALS["admin"]
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "AWS_ACCESS_KEY_ID": key,
-        "AWS_SECRET_ACCESS_KEY": secret,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(home / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
-        "AWS_PAGER": "",
-    }
-    done = subprocess.run(
-        [AWS, "--debug", "--endpoint-url", node.url, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"aws {' '.join(args)} failed:\n{done.stderr[-3000:]}"
-    return done.stderr
+    return aws_cli(node.url, home, "--debug", *args)[1]
 
 
 def cli_sources(debug_log: str) -> Counter[str]:
