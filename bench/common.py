@@ -15,8 +15,9 @@ from typing import Any
 
 import boto3
 
-from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
 from lota.embedded import EmbeddedOrigin
+from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.processes import LotaProcess
 
 RESULTS = Path(__file__).parent / "results"
 FAR_BUCKET = "checkpoints-eu"

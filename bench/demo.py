@@ -29,7 +29,7 @@ from typing import Any
 from bench.common import FAR_BUCKET, Setup, lota_with_origin, origin_client, table
 from lota.config import parse_duration
 from lota.embedded import EmbeddedOrigin
-from lota.wan import parse_bandwidth
+from lota.testing.wan import parse_bandwidth
 
 MiB = 1024 * 1024
 SMALL = 64 * 1024  # the smallest shards: under the lifecycle rule's min_size (128 KiB)

@@ -46,7 +46,7 @@ from bench.loadgen import LoadClient, Request, get_request
 from bench.payload import human, load_average, parse_size
 from lota.auth.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 from lota.config import parse_duration
-from lota.devtools import PRINCIPALS
+from lota.testing.credentials import PRINCIPALS
 
 BUCKET = "latency-bench"
 KINDS = ("HIT", "HIT signed", "MISS", "ORIGIN DIRECT")

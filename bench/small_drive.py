@@ -26,9 +26,10 @@ from typing import Any
 
 from bench.common import origin_client, table
 from lota.config import parse_duration, parse_size
-from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
 from lota.embedded import EmbeddedOrigin
-from lota.wan import parse_bandwidth
+from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.processes import LotaProcess
+from lota.testing.wan import parse_bandwidth
 
 BUCKET = "small-drive"
 OBJECT = 20 * 1000**2

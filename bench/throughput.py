@@ -51,7 +51,7 @@ from bench.payload import (
     parse_size,
 )
 from lota.config import parse_duration
-from lota.devtools import PRINCIPALS
+from lota.testing.credentials import PRINCIPALS
 
 BUCKET = "throughput-bench"
 CURL_FORMAT = "%{http_code} %{size_download} %{speed_download} %{time_total}"

@@ -23,9 +23,10 @@ from boto3.s3.transfer import TransferConfig
 
 from bench.common import save, table
 from lota.config import parse_duration, parse_size
-from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
 from lota.embedded import EmbeddedOrigin
-from lota.wan import parse_bandwidth
+from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.processes import LotaProcess
+from lota.testing.wan import parse_bandwidth
 
 # One stream, as the brief measures it (a single PUT; no parallel multipart).
 SINGLE = TransferConfig(multipart_threshold=1 << 40, max_concurrency=1)

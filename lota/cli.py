@@ -154,7 +154,7 @@ async def _embedded_origin(
             "pip install 'lota[embedded]' (make serve does it), or give --origin URL"
         )
     from lota.embedded import EmbeddedOrigin, OriginStartError
-    from lota.wan import parse_bandwidth
+    from lota.testing.wan import parse_bandwidth
 
     try:
         origin = await stack.enter_async_context(

@@ -2,7 +2,7 @@
 
 ``make serve``, ``make demo``, the benchmarks and the functional tests need a real S3
 endpoint without an AWS account. :class:`EmbeddedOrigin` starts one on a free loopback
-port and, given a latency or a bandwidth, puts an emulated WAN (:class:`lota.wan.WanLink`)
+port and, given a latency or a bandwidth, puts an emulated WAN (:class:`lota.testing.wan.WanLink`)
 in front of it so that it behaves like a bucket in a far region::
 
     async with EmbeddedOrigin(latency=0.03, bandwidth=12.5e6) as origin:
@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from lota.wan import WanLink, format_bandwidth
+from lota.testing.wan import WanLink, format_bandwidth
 
 _log = logging.getLogger("lota.embedded")
 
@@ -58,13 +58,6 @@ _LOG_TAIL_BYTES = 4000
 
 class OriginStartError(RuntimeError):
     """moto could not be started or did not answer in time; the message ends with its log tail."""
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (another process may take it before you do)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class _MotoProcess:
@@ -198,7 +191,7 @@ def moto_server(port: int = 0) -> Iterator[str]:
 class EmbeddedOrigin:
     """A local S3 origin for demos, ``make serve``, benchmarks and tests (async context manager).
 
-    ``endpoint`` is what clients use: through a :class:`~lota.wan.WanLink` when ``latency``
+    ``endpoint`` is what clients use: through a :class:`~lota.testing.wan.WanLink` when ``latency``
     or ``bandwidth`` is given, else moto itself (``direct_endpoint``). ``wan`` exposes the
     link's byte counters, i.e. what crossed the "WAN" to the origin.
     """

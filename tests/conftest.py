@@ -11,8 +11,9 @@ import boto3
 import pytest
 from botocore.config import Config as BotoConfig
 
-from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
 from lota.embedded import moto_server
+from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.processes import LotaProcess
 from tests.postgres import PostgresServer, PostgresUnavailable
 
 

@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from lota.devtools import free_port
+from lota.testing.processes import free_port
 
 
 @dataclass

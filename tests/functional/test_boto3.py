@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lota.devtools import LotaProcess
+from lota.testing.processes import LotaProcess
 from tests.conftest import client_for
 
 MiB = 1024 * 1024

@@ -29,9 +29,9 @@ import pytest
 from yarl import URL
 
 from lota.auth.sigv4 import sign_headers
-from lota.devtools import PRINCIPALS, LotaProcess, write_credentials
-from lota.embedded import free_port
 from lota.http import encode_query
+from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.processes import LotaProcess, free_port
 from tests.conftest import client_for
 from tests.recorder import RecordingProxy, recording_proxy
 

@@ -16,7 +16,7 @@ import boto3
 import pytest
 
 from lota import __version__
-from lota.embedded import free_port
+from lota.testing.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import s3fs
 
-from lota.devtools import PRINCIPALS, LotaProcess, aws_cli
+from lota.testing.credentials import PRINCIPALS
+from lota.testing.processes import LotaProcess, aws_cli
 
 MiB = 1024 * 1024
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lota.devtools import LotaProcess
+from lota.testing.processes import LotaProcess
 from tests.conftest import client_for
 from tests.functional.test_errors import signed
 

@@ -17,7 +17,8 @@ import pytest
 from botocore.config import Config as BotoConfig
 
 import lota
-from lota.embedded import EmbeddedOrigin, OriginStartError, free_port, moto_server
+from lota.embedded import EmbeddedOrigin, OriginStartError, moto_server
+from lota.testing.processes import free_port
 
 
 def s3_client(endpoint: str, secret: str = EmbeddedOrigin.secret_access_key) -> Any:

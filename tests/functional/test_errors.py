@@ -18,7 +18,8 @@ from botocore.credentials import Credentials
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lota.devtools import PRINCIPALS, LotaProcess
+from lota.testing.credentials import PRINCIPALS
+from lota.testing.processes import LotaProcess
 from tests.conftest import client_for
 
 

@@ -32,13 +32,13 @@ from botocore.config import Config as BotoConfig
 from lota.catalog import Catalog, open_catalog
 from lota.clock import Clock
 from lota.config import RegionConfig
-from lota.devtools import LotaProcess
 from lota.embedded import moto_server
 from lota.lifecycle.cli import open_engine, plan_command, run_command
 from lota.lifecycle.engine import OriginMover
 from lota.lifecycle.rules import DAY, Decision
 from lota.metrics import Metrics
 from lota.regions.origin import OriginClient
+from lota.testing.processes import LotaProcess
 from tests.recorder import RecordingProxy, recording_proxy
 
 KiB = 1024
@@ -362,7 +362,7 @@ async def test_objects_over_the_copy_limit_move_by_multipart_copy_with_metadata_
 def test_reads_served_by_a_node_cache_hits_included_count_as_accesses_head_and_list_do_not(
     origin: str, origin_s3: Any, credentials_file: Path, tmp_path: Path
 ) -> None:
-    from lota.devtools import LotaProcess
+    from lota.testing.processes import LotaProcess
     from tests.conftest import client_for
 
     direct = origin_s3
@@ -408,7 +408,7 @@ def test_reads_served_by_a_node_cache_hits_included_count_as_accesses_head_and_l
 def test_reading_an_archived_object_relays_invalid_object_state_or_starts_the_restore(
     origin: str, origin_s3: Any, credentials_file: Path, tmp_path: Path, restore_on_read: bool
 ) -> None:
-    from lota.devtools import LotaProcess
+    from lota.testing.processes import LotaProcess
     from tests.conftest import client_for
 
     direct = origin_s3

@@ -19,7 +19,8 @@ import boto3
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lota.devtools import PRINCIPALS, LotaProcess, aws_cli
+from lota.testing.credentials import PRINCIPALS
+from lota.testing.processes import LotaProcess, aws_cli
 from tests.conftest import client_for
 
 MiB = 1024 * 1024

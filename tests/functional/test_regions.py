@@ -18,8 +18,8 @@ import pytest
 
 from lota.catalog import CatalogObject, open_catalog
 from lota.clock import Clock
-from lota.devtools import LotaProcess
 from lota.embedded import moto_server
+from lota.testing.processes import LotaProcess
 from tests.conftest import client_for
 from tests.functional.test_errors import SMUGGLED_SOURCES, error_code, raw, signed
 from tests.recorder import RecordingProxy, recording_proxy

@@ -19,8 +19,8 @@ import pytest
 from botocore.config import Config as BotoConfig
 
 from lota import __version__
-from lota.devtools import LotaProcess
 from lota.embedded import EmbeddedOrigin
+from lota.testing.processes import LotaProcess
 from tests.conftest import client_for
 
 MiB = 1024 * 1024
@@ -218,7 +218,7 @@ def test_serve_with_nothing_configured_starts_an_embedded_origin_and_prints_cred
 
     import boto3
 
-    from lota.embedded import free_port
+    from lota.testing.processes import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LOTA_"))}

@@ -18,7 +18,7 @@ import pytest
 import uvloop
 
 import lota
-from lota.wan import (
+from lota.testing.wan import (
     MAX_WINDOW,
     MIN_WINDOW,
     Pacer,
@@ -313,7 +313,7 @@ def test_cli_forwards_and_stops_on_sigterm(tmp_path: Path) -> None:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "lota.wan",
+                    sys.executable, "-m", "lota.testing.wan",
                     "--target", f"127.0.0.1:{target_port}",
                     "--listen", f"127.0.0.1:{listen_port}",
                     "--latency", "5ms", "--bandwidth", "100Mbit",

@@ -1,15 +1,15 @@
-"""Harness for running real LOTA nodes as processes: tests, benchmarks and the demo.
+"""Real LOTA nodes as processes, for tests, benchmarks and the demo.
 
 A :class:`LotaProcess` is ``lota serve`` started through the real CLI on a free loopback
-port, with ``readyz`` polled until it answers; :func:`write_credentials` writes a
-credentials file with a few principals whose policies the tests and benches rely on.
+port, with ``readyz`` polled until it answers; :func:`aws_cli` runs the AWS CLI against a
+node as one of the principals of :mod:`lota.testing.credentials`.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import ssl
+import socket
 import subprocess
 import sys
 import time
@@ -17,51 +17,17 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from lota.embedded import free_port
+from lota.testing.credentials import ORIGIN_KEYS, PRINCIPALS
+from lota.testing.tls import unverified_context
 
-ADMIN_POLICY = '{"Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}'
-READER_POLICY = '{"Statement":[{"Effect":"Allow","Action":["s3:Get*","s3:List*"],"Resource":"*"}]}'
-# Everything, except writing or deleting under protected/ in any bucket.
-GUARDED_POLICY = (
-    '{"Statement":['
-    '{"Effect":"Allow","Action":"s3:*","Resource":"*"},'
-    '{"Effect":"Deny","Action":["s3:PutObject","s3:DeleteObject"],'
-    '"Resource":"arn:aws:s3:::*/protected/*"}]}'
-)
-# Key-scoped grants, as in issue #10: reads under public/ except public/private.bin, deletes
-# only under alpha/scratch/, writes anywhere.
-SCOPED_POLICY = (
-    '{"Statement":['
-    '{"Effect":"Allow","Action":["s3:PutObject","s3:ListBucket","s3:AbortMultipartUpload"],'
-    '"Resource":"*"},'
-    '{"Effect":"Allow","Action":["s3:GetObject","s3:GetObjectVersion"],'
-    '"Resource":"arn:aws:s3:::*/public/*"},'
-    '{"Effect":"Deny","Action":["s3:GetObject","s3:GetObjectVersion"],'
-    '"Resource":"arn:aws:s3:::*/public/private.bin"},'
-    '{"Effect":"Allow","Action":"s3:DeleteObject","Resource":"arn:aws:s3:::*/alpha/scratch/*"}]}'
-)
-PRINCIPALS = {
-    "admin": ("AKIAADMIN0000000001", "admin-secret-0000000000000000000000000", ADMIN_POLICY),
-    "reader": ("AKIAREADER000000001", "reader-secret-000000000000000000000000", READER_POLICY),
-    "guarded": ("AKIAGUARDED00000001", "guarded-secret-00000000000000000000000", GUARDED_POLICY),
-    "scoped": ("AKIASCOPED000000001", "scoped-secret-000000000000000000000000", SCOPED_POLICY),
-}
-# Test nodes serve HTTPS with throw-away self-signed certificates.
-_UNVERIFIED = ssl.create_default_context()
-_UNVERIFIED.check_hostname = False
-_UNVERIFIED.verify_mode = ssl.CERT_NONE
-ORIGIN_KEYS = {"AWS_ACCESS_KEY_ID": "lota-origin", "AWS_SECRET_ACCESS_KEY": "lota-origin-secret"}
+HOST = "127.0.0.1"
 
 
-def write_credentials(path: Path) -> Path:
-    entries = []
-    for name, (key, secret, policy) in PRINCIPALS.items():
-        entries.append(
-            f'[[principal]]\nname = "{name}"\naccess_key_id = "{key}"\n'
-            f"secret_access_key = \"{secret}\"\npolicy = '{policy}'\n"
-        )
-    path.write_text("\n".join(entries))
-    return path
+def free_port() -> int:
+    """A loopback port that was free a moment ago (another process may take it before you do)."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
 
 
 AWS_CLI = "/usr/bin/aws"  # the Debian awscli package, installed by tests/setup_services.py
@@ -125,12 +91,13 @@ class LotaProcess:
         )
         log.close()
         deadline = time.monotonic() + timeout
+        context = unverified_context()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"lota exited {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(
-                    self.url + "/_lota/readyz", timeout=1, context=_UNVERIFIED
+                    self.url + "/_lota/readyz", timeout=1, context=context
                 ) as r:
                     if r.status == 200:
                         return self

@@ -24,7 +24,7 @@ How the link is modelled, per connection and per direction:
 - EOF is forwarded (``write_eof``) after the data before it; a reset or error on either side
   closes both sides; closing the link closes every connection.
 
-``python -m lota.wan --target 127.0.0.1:5000 --latency 10ms --bandwidth 100Mbit`` runs one
+``python -m lota.testing.wan --target 127.0.0.1:5000 --latency 10ms --bandwidth 100Mbit`` runs one
 from the shell.
 """
 
@@ -40,6 +40,8 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
+
+from lota.tasks import TaskGroup
 
 _log = logging.getLogger("lota.wan")
 
@@ -258,7 +260,7 @@ class WanLink:
         self.bytes_down = 0
         self.connections = 0
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskGroup("wan")
         self._closing = False
 
     @property
@@ -303,10 +305,7 @@ class WanLink:
         self._closing = True
         if self._server is not None:
             self._server.close()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -315,16 +314,7 @@ class WanLink:
             writer.transport.abort()
             return
         self.connections += 1
-        task = asyncio.get_running_loop().create_task(
-            self._serve(reader, writer), name=f"lota.wan connection {self.connections}"
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            _log.error("wan link connection failed", exc_info=task.exception())
+        self._tasks.start(self._serve(reader, writer), name=f"connection {self.connections}")
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         accepted = asyncio.get_running_loop().time()
@@ -389,7 +379,7 @@ async def _close(writer: asyncio.StreamWriter, *, graceful: bool) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m lota.wan",
+        prog="python -m lota.testing.wan",
         description="Forward a loopback port to a target through an emulated WAN link.",
     )
     parser.add_argument("--target", required=True, type=parse_address, help="HOST:PORT")
@@ -439,7 +429,7 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``python -m lota.wan`` entry point."""
+    """The ``python -m lota.testing.wan`` entry point."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
