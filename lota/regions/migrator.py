@@ -26,6 +26,7 @@ from lota.regions.origin import OriginClient
 from lota.regions.staging import Staging
 from lota.s3.errors import LotaError, OriginError
 from lota.s3.xml import xml_text
+from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.migrator")
 
@@ -110,10 +111,11 @@ class Migrator:
 
     async def _migrate(self, obj: CatalogObject) -> None:
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        move = loop.create_task(self._move(obj))
+        # The copy's failures are handled below, where it is awaited: not logged twice.
+        tasks = TaskGroup(f"migrate {obj.bucket}/{obj.key}", log_failures=False)
+        move = tasks.start(self._move(obj), name="copy")
         lost = asyncio.Event()
-        renewer = loop.create_task(self._keep_lease(obj, move, lost))
+        tasks.start(self._keep_lease(obj, move, lost), name="lease")
         try:
             await move
         except asyncio.CancelledError:
@@ -139,8 +141,7 @@ class Migrator:
             )
             return
         finally:
-            renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
+            await tasks.close()  # the renewer
         if await self.catalog.complete_migration(obj.bucket, obj.key, obj.seq):
             self._metrics.migrations.inc()
             self._metrics.migrated_bytes.inc(obj.size)
