@@ -1,8 +1,10 @@
 """Install what the test suite needs from the system, once, before pytest runs.
 
-`make test` calls this so a fresh machine (and CI) needs nothing installed by hand:
-the Debian ``awscli`` package (the AWS CLI the tests drive) and PostgreSQL's server
-binaries (``initdb``, ``pg_ctl``) for the catalog tests.
+`make test` calls this so that a fresh Debian machine (and CI) gets the AWS CLI the tests
+drive (the ``awscli`` package) without a step by hand. PostgreSQL's server binaries for the
+catalog tests are not installed here: tests/postgres.py finds ``initdb`` and ``pg_ctl`` on
+PATH or under ``/usr/lib/postgresql/*/bin``, and the catalog tests fail, naming the package
+(``apt-get install postgresql``), when they are missing.
 """
 
 from __future__ import annotations
