@@ -39,13 +39,6 @@ def check(headers: Mapping[str, str], etag: str, last_modified: str) -> None:
         raise NotModified()
 
 
-def has_conditions(headers: Mapping[str, str]) -> bool:
-    return any(
-        h in headers
-        for h in ("if-match", "if-none-match", "if-modified-since", "if-unmodified-since")
-    )
-
-
 def _etag_in(header: str, etag: str) -> bool:
     wanted = etag.strip().removeprefix("W/").strip('"')
     for raw in header.split(","):
