@@ -77,6 +77,7 @@ from lota.lifecycle.state import LifecycleState
 from lota.regions.listing import parse_origin_page
 from lota.regions.origin import OriginClient
 from lota.s3.errors import LotaError, OriginError
+from lota.s3.xml import S3_NS_PREFIX
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.lifecycle")
@@ -84,7 +85,6 @@ log = logging.getLogger("lota.lifecycle")
 LEASE = "lifecycle"
 COPY_LIMIT = 5 * 1024**3  # the largest object one CopyObject may copy
 PART_SIZE = 512 * 1024**2
-_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 # What a multipart copy must carry over by hand (CopyObject keeps it by itself).
 _KEPT_HEADERS = (
     "content-type",
@@ -268,7 +268,7 @@ class OriginMover:
             body = await reply.read()
             if reply.status != 200:
                 raise OriginError(f"multipart copy {d.bucket}/{d.key}: {body[:300]!r}")
-        upload = _xml(body).findtext(f"{_NS}UploadId", "")
+        upload = _xml(body).findtext(f"{S3_NS_PREFIX}UploadId", "")
         try:
             parts = [
                 await self._copy_part(d, upload, number, start)
@@ -301,7 +301,7 @@ class OriginMover:
             body = await reply.read()
         if reply.status != 200 or b"<Error>" in body:
             raise OriginError(f"copying part {number} of {d.bucket}/{d.key}: {body[:300]!r}")
-        return _xml(body).findtext(f"{_NS}ETag", "")
+        return _xml(body).findtext(f"{S3_NS_PREFIX}ETag", "")
 
     async def _tags(self, d: Decision) -> str:
         async with self._origin_for(d.bucket).request(
@@ -311,9 +311,9 @@ class OriginMover:
         if reply.status != 200:
             raise OriginError(f"tags of {d.bucket}/{d.key}: {reply.status} {body[:200]!r}")
         return "&".join(
-            f"{quote(tag.findtext(f'{_NS}Key', ''), safe='')}="
-            f"{quote(tag.findtext(f'{_NS}Value', ''), safe='')}"
-            for tag in _xml(body).iter(f"{_NS}Tag")
+            f"{quote(tag.findtext(f'{S3_NS_PREFIX}Key', ''), safe='')}="
+            f"{quote(tag.findtext(f'{S3_NS_PREFIX}Value', ''), safe='')}"
+            for tag in _xml(body).iter(f"{S3_NS_PREFIX}Tag")
         )
 
 

@@ -36,6 +36,7 @@ from lota.s3 import conditions
 from lota.s3.addressing import Target
 from lota.s3.errors import S3Error
 from lota.s3.ranges import content_range, parse_range
+from lota.s3.xml import S3_NS
 
 log = logging.getLogger("lota.accelerate")
 
@@ -53,7 +54,6 @@ STORED_HEADERS = (
 # Of those, the ones a GET answers with.
 REPLAYED = frozenset(STORED_HEADERS) - {"x-amz-tagging", "x-amz-storage-class"}
 CHECKSUM_PREFIX = "x-amz-checksum-"
-XML_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 UPLOAD_ID_TAG = "lota1."
 
 
@@ -177,7 +177,7 @@ class Accelerator:
         )
         modified = _iso(time.time())
         xml = (
-            f'<?xml version="1.0" encoding="UTF-8"?>\n<CopyObjectResult xmlns="{XML_NS}">'
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<CopyObjectResult xmlns="{S3_NS}">'
             f"<LastModified>{modified}</LastModified><ETag>{escape(etag)}</ETag></CopyObjectResult>"
         )
         return web.Response(body=xml.encode(), content_type="application/xml")
@@ -210,7 +210,7 @@ class Accelerator:
         upload_id = encode_upload_id(key, upload, dict(request.headers))
         xml = (
             f'<?xml version="1.0" encoding="UTF-8"?>\n'
-            f'<InitiateMultipartUploadResult xmlns="{XML_NS}">'
+            f'<InitiateMultipartUploadResult xmlns="{S3_NS}">'
             f"<Bucket>{escape(target.bucket)}</Bucket><Key>{escape(target.key)}</Key>"
             f"<UploadId>{upload_id}</UploadId></InitiateMultipartUploadResult>"
         )
@@ -242,7 +242,7 @@ class Accelerator:
         self._metrics.accelerated_writes.inc()
         xml = (
             f'<?xml version="1.0" encoding="UTF-8"?>\n'
-            f'<CompleteMultipartUploadResult xmlns="{XML_NS}">'
+            f'<CompleteMultipartUploadResult xmlns="{S3_NS}">'
             f"<Location>/{escape(target.bucket)}/{escape(target.key)}</Location>"
             f"<Bucket>{escape(target.bucket)}</Bucket><Key>{escape(target.key)}</Key>"
             f"<ETag>{escape(etag)}</ETag></CompleteMultipartUploadResult>"

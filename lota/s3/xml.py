@@ -17,7 +17,8 @@ from xml.sax.saxutils import escape
 
 from lota.s3.errors import S3Error
 
-S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"  # the one place it is spelled out
+S3_NS_PREFIX = "{" + S3_NS + "}"  # how ElementTree names S3's elements: f"{S3_NS_PREFIX}Key"
 MAX_DELETE_KEYS = 1000  # S3's limit per DeleteObjects
 # Written raw, `\r` would come back as `\n` (XML 1.0 section 2.11), tabs and newlines
 # survive only by luck of context: char references are read back exactly.
