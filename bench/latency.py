@@ -111,11 +111,13 @@ def presign(client: Any, key: str) -> str:
 
 
 def requests_for(args: argparse.Namespace, kind: str, size: int) -> int:
-    count = {"HIT": args.hit, "MISS": args.miss, "ORIGIN DIRECT": args.direct}.get(kind, args.hit)
+    count: int = {"HIT": args.hit, "MISS": args.miss, "ORIGIN DIRECT": args.direct}.get(
+        kind, args.hit
+    )
     return max(1, round(count * (args.large_scale if size > 1024 * 1024 else 1)))
 
 
-def prepare(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
+def prepare(setup: Setup, args: argparse.Namespace) -> dict[int, Any]:
     """Create hot and cold objects at the origin (bypassing the WAN), warm the hot ones."""
     origin = setup.origin
     moto = presigner(origin.direct_endpoint, origin.access_key_id, origin.secret_access_key)
@@ -123,7 +125,7 @@ def prepare(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     lota = presigner(setup.node.url, key, secret)
     wan = presigner(origin.endpoint, origin.access_key_id, origin.secret_access_key)
     moto.create_bucket(Bucket=BUCKET)
-    plan: dict[str, Any] = {}
+    plan: dict[int, Any] = {}
     puts: list[tuple[str, bytes]] = []
     for size in args.sizes:
         body = os.urandom(size)
@@ -152,7 +154,7 @@ def prepare(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
 
 def cell_requests(
     setup: Setup,
-    plan: dict[str, Any],
+    plan: dict[int, Any],
     args: argparse.Namespace,
     kind: str,
     size: int,
