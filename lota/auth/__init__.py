@@ -29,7 +29,7 @@ from lota.auth.sigv4 import RequestView, Verified, sign_headers, verify
 from lota.clock import Clock
 from lota.config import AuthConfig
 from lota.s3.errors import S3Error
-from lota.s3.operations import KNOWN, Operation, classify, object_arn
+from lota.s3.operations import KNOWN, Op, Operation, classify, object_arn
 
 __all__ = [
     "Authenticator",
@@ -172,8 +172,8 @@ def _asked_for(view: RequestView, bucket: str, key: str) -> str:
     try:
         name = classify(view.method, bucket, key, query, view.headers).name
     except S3Error:
-        return "Unknown"
-    return name if name in KNOWN else "Unknown"
+        return Op.UNKNOWN
+    return name if name in KNOWN else Op.UNKNOWN
 
 
 # What identifies a request for :class:`RecentlyVerified`: method, path, query, bucket, key

@@ -35,15 +35,21 @@ from lota.regions.listing import (
 from lota.regions.origin import OriginClient
 from lota.s3.addressing import Target
 from lota.s3.errors import OriginError, S3Error
-from lota.s3.operations import Operation
+from lota.s3.operations import Op, Operation
 from lota.s3.xml import DeleteRequest, delete_result
 
 log = logging.getLogger("lota.writes")
 
 _UPLOAD_CALLS = frozenset(
-    {"UploadPart", "CompleteMultipartUpload", "AbortMultipartUpload", "ListParts", "UploadPartCopy"}
+    {
+        Op.UPLOAD_PART,
+        Op.COMPLETE_MULTIPART_UPLOAD,
+        Op.ABORT_MULTIPART_UPLOAD,
+        Op.LIST_PARTS,
+        Op.UPLOAD_PART_COPY,
+    }
 )
-_WRITES = frozenset({"PutObject", "CopyObject", "DeleteObject", "CreateMultipartUpload"})
+_WRITES = frozenset({Op.PUT_OBJECT, Op.COPY_OBJECT, Op.DELETE_OBJECT, Op.CREATE_MULTIPART_UPLOAD})
 
 
 def _still_migrating() -> S3Error:
@@ -84,19 +90,21 @@ class RegionalRouter:
     ) -> web.StreamResponse | None:
         """Any other operation the catalog has a say in; None when it has none."""
         name = operation.name
-        if name in ("ListObjects", "ListObjectsV2"):
+        if name in (Op.LIST_OBJECTS, Op.LIST_OBJECTS_V2):
             return await self._list(request, target, name)
         if name in _UPLOAD_CALLS:
             upload_id = request.query.get("uploadId", "")
             if is_accelerated_upload(upload_id):
                 return await self._upload_call(request, target, name, decoder, upload_id)
-            if name == "CompleteMultipartUpload" and await self._pending(target.bucket, target.key):
+            if name == Op.COMPLETE_MULTIPART_UPLOAD and await self._pending(
+                target.bucket, target.key
+            ):
                 # An upload that went straight home, completed while an earlier write is
                 # still on its way: that write would land after it and undo it.
                 raise _still_migrating()
             return None
         if name in _WRITES and await self._accelerates(target):
-            if name == "CreateMultipartUpload" and self.accelerator.staging.mode != "bucket":
+            if name == Op.CREATE_MULTIPART_UPLOAD and self.accelerator.staging.mode != "bucket":
                 # Local-disk staging takes single PUTs; uploads go straight home, which is
                 # only safe when no earlier write of the key is still on its way there.
                 if await self._pending(target.bucket, target.key):
@@ -125,14 +133,14 @@ class RegionalRouter:
         self, request: web.BaseRequest, target: Target, operation: Operation, decoder: BodyDecoder
     ) -> web.StreamResponse:
         accel = self.accelerator
-        if operation.name == "PutObject":
+        if operation.name == Op.PUT_OBJECT:
             return await accel.put_object(request, target, decoder)
-        if operation.name == "CopyObject":
+        if operation.name == Op.COPY_OBJECT:
             assert operation.copy_source is not None
             return await accel.copy_object(
                 request, target, operation.copy_source, operation.copy_source_version
             )
-        if operation.name == "DeleteObject":
+        if operation.name == Op.DELETE_OBJECT:
             return await accel.delete_object(target)
         return await accel.create_multipart(request, target)
 
@@ -145,16 +153,16 @@ class RegionalRouter:
         upload_id: str,
     ) -> web.StreamResponse:
         accel = self.accelerator
-        if name == "UploadPart":
+        if name == Op.UPLOAD_PART:
             number = request.query.get("partNumber", "")
             if not number.isdigit() or not 1 <= int(number) <= 10000:
                 raise S3Error(
                     "InvalidArgument", "Part number must be an integer between 1 and 10000"
                 )
             return await accel.upload_part(request, target, decoder, upload_id, int(number))
-        if name == "CompleteMultipartUpload":
+        if name == Op.COMPLETE_MULTIPART_UPLOAD:
             return await accel.complete_multipart(request, target, decoder, upload_id)
-        if name == "AbortMultipartUpload":
+        if name == Op.ABORT_MULTIPART_UPLOAD:
             return await accel.abort_multipart(upload_id)
         raise S3Error("NotImplemented", f"{name} is not supported for accelerated uploads yet")
 

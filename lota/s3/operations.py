@@ -18,11 +18,46 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from urllib.parse import unquote
 
 from lota.http import uri_encode
 from lota.s3.addressing import is_valid_bucket_name
 from lota.s3.errors import S3Error
+
+
+class Op(StrEnum):
+    """The operations LOTA's own code asks for by name.
+
+    A :class:`~enum.StrEnum`, so each member equals its plain name: ``Operation.name`` and
+    metric labels stay ``str`` (``classify`` also gives generic names for subresources S3
+    has and this list does not, and for ones S3 does not have), and code that still compares
+    bare strings keeps working while it moves over.
+    """
+
+    GET_OBJECT = "GetObject"
+    HEAD_OBJECT = "HeadObject"
+    PUT_OBJECT = "PutObject"
+    COPY_OBJECT = "CopyObject"
+    DELETE_OBJECT = "DeleteObject"
+    DELETE_OBJECTS = "DeleteObjects"
+    RESTORE_OBJECT = "RestoreObject"
+    PUT_OBJECT_TAGGING = "PutObjectTagging"
+    DELETE_OBJECT_TAGGING = "DeleteObjectTagging"
+    PUT_OBJECT_ACL = "PutObjectAcl"
+    LIST_BUCKETS = "ListBuckets"
+    LIST_OBJECTS = "ListObjects"
+    LIST_OBJECTS_V2 = "ListObjectsV2"
+    CREATE_MULTIPART_UPLOAD = "CreateMultipartUpload"
+    UPLOAD_PART = "UploadPart"
+    UPLOAD_PART_COPY = "UploadPartCopy"
+    COMPLETE_MULTIPART_UPLOAD = "CompleteMultipartUpload"
+    ABORT_MULTIPART_UPLOAD = "AbortMultipartUpload"
+    LIST_PARTS = "ListParts"
+    # Not S3's: LOTA's own /_lota/ calls, and a request that failed before it had a name.
+    ADMIN = "Admin"
+    UNKNOWN = "Unknown"
+
 
 # Query parameters that are arguments of an operation, never its subresource.
 _ARGUMENTS = frozenset(
@@ -168,10 +203,10 @@ KNOWN = frozenset(
         *(name for name, _ in _BUCKET.values()),
         *(name for name, _, _ in _OBJECT.values()),
         *(name for name, _ in _UPLOAD.values()),
-        "ListBuckets",
-        "ListObjectsV2",
-        "CopyObject",
-        "UploadPartCopy",
+        Op.LIST_BUCKETS,
+        Op.LIST_OBJECTS_V2,
+        Op.COPY_OBJECT,
+        Op.UPLOAD_PART_COPY,
     }
 )
 
@@ -243,7 +278,7 @@ def _is_amz(name: str) -> bool:
 
 def _service(method: str, subresources: list[str]) -> Operation:
     if method == "GET" and not subresources:
-        return Operation("ListBuckets", "s3:ListAllMyBuckets", "*")
+        return Operation(Op.LIST_BUCKETS, "s3:ListAllMyBuckets", "*")
     name = _generic(method, "Service", subresources)
     return Operation(name, f"s3:{name}", "*")
 
@@ -258,9 +293,9 @@ def _bucket_operation(
         name = _generic(method, "Bucket", subresources)
         return Operation(name, f"s3:{name}", resource)
     name, action = known
-    if name == "ListObjects" and "list-type" in names:
-        name = "ListObjectsV2"
-    return Operation(name, action, resource, per_key=name == "DeleteObjects")
+    if name == Op.LIST_OBJECTS and "list-type" in names:
+        name = Op.LIST_OBJECTS_V2
+    return Operation(name, action, resource, per_key=name == Op.DELETE_OBJECTS)
 
 
 def _object_operation(
@@ -272,7 +307,7 @@ def _object_operation(
             name = _generic(method, "Object", [*subresources, "uploadId"])
             return Operation(name, f"s3:{name}", resource)
         if method == "PUT" and copy_header is not None:
-            return _copy("UploadPartCopy", resource, copy_header)
+            return _copy(Op.UPLOAD_PART_COPY, resource, copy_header)
         name, action = _UPLOAD[method]
         return Operation(name, action, resource)
     known = _OBJECT.get((subresources[0] if subresources else "", method))
@@ -280,8 +315,8 @@ def _object_operation(
         name = _generic(method, "Object", subresources)
         return Operation(name, f"s3:{name}", resource)
     name, action, version_action = known
-    if name == "PutObject" and copy_header is not None:
-        return _copy("CopyObject", resource, copy_header)
+    if name == Op.PUT_OBJECT and copy_header is not None:
+        return _copy(Op.COPY_OBJECT, resource, copy_header)
     return Operation(name, version_action if "versionId" in names else action, resource)
 
 
