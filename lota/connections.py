@@ -35,6 +35,7 @@ from typing import Any, Literal
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from lota.aiohttp_internals import handler_kwargs, handler_loop, queued_requests, server_loop
 from lota.cache.store import MAX_OPEN_CHUNKS
 from lota.config import Config
 from lota.metrics import Metrics
@@ -170,7 +171,7 @@ class GuardedRequestHandler(RequestHandler):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self._clock.opened(self._loop.time())
+        self._clock.opened(handler_loop(self).time())
         if not self._guard.admit(self):
             self.force_close()
             return
@@ -185,11 +186,11 @@ class GuardedRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         body = self._last_body  # bytes still due for it are not a head's
         head = data and (body is None or body.is_eof())
-        if head and self._clock.head_bytes(self._loop.time()):
+        if head and self._clock.head_bytes(handler_loop(self).time()):
             self._arm()
         super().data_received(data)
         # aiohttp queues each request whose head it has parsed: that head is complete.
-        if self._messages and self._clock.waiting:
+        if queued_requests(self) and self._clock.waiting:
             self._clock.head_complete()
             self._guard.busy(self)
             self._cancel_timer()
@@ -198,9 +199,9 @@ class GuardedRequestHandler(RequestHandler):
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
         result = await super().finish_response(request, resp, start_time)
-        if not self._messages and self.transport is not None:
+        if not queued_requests(self) and self.transport is not None:
             self._last_body = request.content
-            self._clock.response_done(self._loop.time())
+            self._clock.response_done(handler_loop(self).time())
             self._waiting()
         return result
 
@@ -216,7 +217,7 @@ class GuardedRequestHandler(RequestHandler):
     def _arm(self) -> None:
         self._cancel_timer()
         if self._clock.deadline is not None:
-            self._timer = self._loop.call_at(self._clock.deadline, self._on_deadline)
+            self._timer = handler_loop(self).call_at(self._clock.deadline, self._on_deadline)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -225,7 +226,7 @@ class GuardedRequestHandler(RequestHandler):
 
     def _on_deadline(self) -> None:
         self._timer = None
-        reason = self._clock.expired(self._loop.time())
+        reason = self._clock.expired(handler_loop(self).time())
         if reason is None or self.transport is None:
             return
         if self._clock.partial:
@@ -262,7 +263,7 @@ class GuardedServer(web.Server):
         metrics.client_connection_limit.set(limits.max_connections)
 
     def __call__(self) -> RequestHandler:
-        return GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
+        return GuardedRequestHandler(self, loop=server_loop(self), **handler_kwargs(self))
 
     def admit(self, handler: GuardedRequestHandler) -> bool:
         """Count a new connection in; False when it must close at once."""

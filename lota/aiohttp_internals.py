@@ -1,0 +1,65 @@
+"""Every use LOTA makes of aiohttp that is not its documented API, in one place.
+
+LOTA serves on aiohttp's low-level server and reaches below it in a few places, each for a
+reason the public API cannot serve. Going through these names keeps the list short and
+findable when aiohttp changes:
+
+- :func:`queued_requests`: ``RequestHandler._messages``, the request heads a connection
+  has parsed and not yet answered; the header timeout (:mod:`lota.connections`) needs to
+  know when a head is complete.
+- :func:`handler_loop` and :func:`server_loop`: ``RequestHandler._loop`` and
+  ``web.Server._loop``, the loop a connection's timers run on.
+- :func:`handler_kwargs`: ``web.Server._kwargs``, what ``web.Server.__call__`` passes to
+  each ``RequestHandler``, so that a subclass can build its own handler class.
+- :func:`payload_writer`: ``StreamResponse._payload_writer``, the writer a zero-copy
+  response sends its headers through before ``sendfile``.
+- :func:`listening_server`: ``TCPSite._server``, the asyncio server, for the port really
+  bound when listening on port 0.
+
+Overridden hooks, outside this module for now: ``RequestHandler.finish_response`` and
+``connection_made``/``data_received`` (lota.connections), ``web.Server._make_request``
+(lota.server), ``StreamResponse._send_headers_immediately = False`` (lota.cache.reads).
+
+pyproject.toml pins ``aiohttp>=3.12``: 3.12.0 is the first release with
+``StreamResponse._send_headers_immediately`` and ``StreamWriter.send_headers()`` (aiohttp
+PR #10991, headers and a small body coalesced into one send); everything else above is
+older. Check this list against aiohttp's source before raising or lifting the pin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.web_protocol import RequestHandler
+
+
+def queued_requests(handler: RequestHandler) -> int:
+    """How many parsed request heads wait on this connection to be answered."""
+    return len(handler._messages)
+
+
+def handler_loop(handler: RequestHandler) -> asyncio.AbstractEventLoop:
+    return handler._loop
+
+
+def server_loop(server: web.Server) -> asyncio.AbstractEventLoop:
+    return server._loop
+
+
+def handler_kwargs(server: web.Server) -> dict[str, Any]:
+    """The keyword arguments `server` gives each connection's ``RequestHandler``."""
+    return server._kwargs
+
+
+def payload_writer(response: web.StreamResponse) -> AbstractStreamWriter | None:
+    """The writer of a prepared response (``None`` before ``prepare``)."""
+    return response._payload_writer
+
+
+def listening_server(site: web.TCPSite) -> asyncio.AbstractServer | None:
+    """The asyncio server behind a started site (``None`` before ``start``)."""
+    server: asyncio.AbstractServer | None = site._server
+    return server
