@@ -1,50 +1,4 @@
-"""The node-local chunk store: object chunks on NVMe under one byte budget.
-
-Use it as lookup -> admit -> open_chunk (hit) or begin_chunk/write/commit (fill)::
-
-    obj = store.lookup(bucket, key) or await store.admit(meta)
-    reader = await store.open_chunk(obj, i)          # None: not cached (or damaged)
-    writer = await store.begin_chunk(obj, i)         # None: no room, no disk -> pass through
-
-What it guarantees, and how:
-
-- Identity. Entries are keyed by (bucket, key) and carry the ETag and version id. Admitting
-  a different ETag/version drops the old chunks; an old object's fill that commits later
-  is discarded. Each admission gets fresh file names (see :mod:`lota.cache.layout`).
-- Crash safety. A chunk is written to a temp file next to its final name, fsynced
-  (optional), renamed, and only then queued for the index (:mod:`lota.cache.index`). After
-  a restart the index is the truth: a chunk whose file is missing or of the wrong length
-  is dropped (when first opened, or by the start-up sweep, whichever comes first); temp
-  files and files without a row are deleted by that sweep, in the background.
-- Integrity. Every chunk has an xxh3-64 digest computed as it is written. ``verify``
-  decides when a read checks it: ``always``, ``after-restart`` (the first read of a chunk
-  this process did not write itself; the default) or ``never``. A background scrub checks
-  idle chunks at a bounded rate. A damaged chunk is deleted and reported as absent.
-- Budget. ``usage`` counts chunk files (in 4 KiB blocks), the chunk directories, the
-  SQLite files and the full size of every fill in progress (reserved at begin_chunk).
-  Reaching the high watermark evicts (S3-FIFO, :mod:`lota.cache.eviction`) down to the low
-  one; the budget itself is never exceeded: without room, begin_chunk returns None.
-- Drives smaller than the budget. A fill that hits ENOSPC is aborted (its temp file and
-  reservation released at once) and sets that dir's own budget to what LOTA holds there,
-  less a margin; the budget in force is then the smaller of ``size`` and the sum of the
-  dirs' budgets, so eviction makes room and fills go on, and a fill goes to the first dir
-  (in rendezvous order) with room for it. Every second the store looks at each dir's free
-  space (``statvfs``), and a lowered budget grows back as the file system frees space.
-- Readers. A chunk being read is never chosen for eviction. Invalidation deletes at once:
-  POSIX keeps the bytes of an unlinked file readable through open descriptors, so readers
-  finish with the bytes they started with, and the space stays counted until they close.
-- Failing disks. Another OSError while filling aborts the fill (``CacheWriteError``) and
-  rests the directory for ``dir_cooldown`` seconds; other directories keep working.
-- One process per directory. Each dir's ``lota.lock`` is held (``flock``) while the store
-  is open; a second store on it is refused (``CacheDirInUse``), naming the holder.
-- Threads. SQLite runs on one thread of its own; file I/O on a small pool; the event loop
-  only does bookkeeping. No chunk is ever held in memory whole.
-
-The directory is not fsynced after a rename: after a power loss a chunk's row may then
-outlive its file, which the rules above already handle (the chunk is dropped). With
-``fsync=False`` a power loss can also leave a chunk of the right length with wrong bytes;
-the ``after-restart`` verification catches those, ``verify="never"`` would not.
-"""
+"""The chunk store's facade, :class:`CacheStore` (see :mod:`lota.cache.store`)."""
 
 from __future__ import annotations
 
@@ -53,7 +7,6 @@ import concurrent.futures
 import contextlib
 import errno
 import gc
-import json
 import logging
 import os
 import time
@@ -64,8 +17,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal, TypeVar
 
-import xxhash
-
 from lota.cache.eviction import S3FIFO
 from lota.cache.files import ChunkDamaged, ChunkFiles, DirLocked
 from lota.cache.index import ChunkRow, Index, ObjectRow
@@ -74,7 +25,6 @@ from lota.cache.layout import (
     DIR_BYTES,
     STEM,
     blocks,
-    chunk_count,
     chunk_length,
     chunk_path,
     is_temp,
@@ -84,8 +34,17 @@ from lota.cache.layout import (
     subdir,
     temp_name,
 )
+from lota.cache.store.chunks import ChunkReader, ChunkWriter, read_resident
+from lota.cache.store.entries import (
+    CachedObject,
+    Chunk,
+    ObjectMeta,
+    fingerprint,
+    meta_from_row,
+    object_row,
+)
+from lota.cache.store.errors import CacheDirInUse, CacheError
 from lota.clock import Clock
-from lota.s3.errors import LotaError
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.cache")
@@ -124,115 +83,6 @@ _YIELD_EVERY = 20_000
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-class CacheError(LotaError):
-    """The cache store cannot do what was asked; the read path serves without it."""
-
-
-class CacheDirInUse(CacheError):
-    """Another process holds a cache directory's lock: two stores on one directory would
-    evict each other's chunks and serve bytes that neither of them still has."""
-
-
-class CacheWriteError(CacheError):
-    """A chunk could not be written (disk error, wrong length). The writer is already
-    aborted; the caller keeps serving the request from the origin without caching it."""
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectMeta:
-    """What the store remembers about an object, besides its bytes."""
-
-    bucket: str
-    key: str
-    etag: str
-    size: int
-    last_modified: str
-    headers: tuple[tuple[str, str], ...]
-    version_id: str = ""
-    validated_at: float = 0.0
-    parts: tuple[tuple[int, int, int], ...] = ()
-
-    def same_object(self, other: ObjectMeta) -> bool:
-        """Whether `other` describes the same bytes (so cached chunks stay valid)."""
-        return (self.etag, self.version_id, self.size) == (other.etag, other.version_id, other.size)
-
-
-class CachedObject:
-    """The store's live entry for one object. `alive` turns False, for good, when the entry
-    is replaced, invalidated or evicted; a new entry is then a new CachedObject."""
-
-    __slots__ = ("alive", "chunks", "meta", "pinned", "stem", "writers")
-
-    def __init__(self, meta: ObjectMeta, stem: str, pinned: bool) -> None:
-        self.meta = meta
-        self.stem = stem
-        self.pinned = pinned
-        self.alive = True
-        self.chunks: dict[int, _Chunk] = {}
-        self.writers = 0
-
-    def chunk_count(self, chunk_size: int) -> int:
-        return chunk_count(self.meta.size, chunk_size)
-
-    def __repr__(self) -> str:
-        return f"<CachedObject {self.meta.bucket}/{self.meta.key} etag={self.meta.etag}>"
-
-
-class _Chunk:
-    """One complete chunk file (hashed by identity; see :func:`_fingerprint`)."""
-
-    __slots__ = (
-        "checked",
-        "dead",
-        "digest",
-        "dir",
-        "fd",
-        "index",
-        "last_access",
-        "length",
-        "obj",
-        "readers",
-        "verified",
-    )
-
-    def __init__(self, obj: CachedObject, index: int, dir_no: int, length: int, digest: int):
-        self.obj = obj
-        self.index = index
-        self.dir = dir_no
-        self.length = length
-        self.digest = digest
-        self.readers = 0  # open readers, plus one while the file is being deleted
-        self.fd = -1  # kept open while the chunk is hot (see CacheStore._keep_open)
-        self.dead = False
-        self.verified = False  # digest checked (or written) by this process
-        self.checked = False  # file seen with the right length by this process
-        self.last_access = 0.0
-
-
-_RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
-
-
-def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
-    """`count` bytes at `offset` of a file if the page cache holds all of them, read
-    without blocking (``RWF_NOWAIT``): safe on the event loop. None when any are not
-    resident, the file is shorter, or the read fails; then the caller reads on a thread,
-    where a cold or failing drive stalls nobody and errors are handled."""
-    if _RWF_NOWAIT is None:
-        return None
-    data = bytearray(count)
-    try:
-        got = os.preadv(fd, (data,), offset, _RWF_NOWAIT)
-    except OSError:  # EAGAIN: not resident; EOPNOTSUPP: not on this file system; EIO...
-        return None
-    return data if got == count else None
-
-
-def _fingerprint(chunk: _Chunk) -> int:
-    """The chunk's name, for the eviction ghost: a chunk filled again after its eviction is
-    a new _Chunk, but the same name."""
-    return hash(chunk.obj.stem) ^ chunk.index
-
-
 @dataclass(slots=True)
 class _Drive:
     """What the store knows of one cache dir (one drive, usually)."""
@@ -248,143 +98,6 @@ class _Drive:
     """The budget an ENOSPC set; None: the store's whole budget."""
     free: int = -1
     """The file system's free bytes at the last look; -1: not known yet."""
-
-
-class ChunkReader:
-    """An open, verified chunk: read it with ``os.pread``/``os.sendfile`` on `fd`, then
-    close(). It stays readable even if the entry is invalidated meanwhile."""
-
-    __slots__ = ("_owned", "_release", "fd", "length")
-
-    def __init__(
-        self, fd: int, length: int, release: Callable[[], None], *, owned: bool = True
-    ) -> None:
-        self.fd = fd
-        self.length = length
-        self._release = release
-        # A descriptor from the store's cache of open chunks is the store's to close.
-        self._owned = owned
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            try:
-                if self._owned:
-                    os.close(fd)
-            finally:
-                self._release()
-
-
-class ChunkWriter:
-    """One chunk being filled: write() the bytes as they arrive, then commit() or abort().
-
-    Calls must not overlap. Readers may open `path` read-only to stream the fill: its first
-    `written` bytes are in the file. After an error the writer is aborted already.
-    """
-
-    def __init__(self, store: CacheStore, obj: CachedObject, index: int, length: int) -> None:
-        self.path = ""
-        self.written = 0
-        self.length = length
-        """The chunk's exact length: commit() insists on it."""
-        self.obj = obj
-        self.index = index
-        self.dir = -1
-        self.reserved = 0
-        self._store = store
-        self._final = ""
-        self._fd = -1
-        self._hasher = xxhash.xxh3_64()
-        self._busy: concurrent.futures.Future[Any] | None = None
-        self._state: Literal["new", "open", "publishing", "done", "aborted"] = "new"
-        self._gone: asyncio.Future[None] | None = None
-
-    def _opened(self, dir_no: int, temp: str, final: str, fd: int) -> None:
-        self.dir, self.path, self._final, self._fd = dir_no, temp, final, fd
-        self._state = "open"
-
-    async def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Append `data` to the chunk. Raises CacheWriteError (writer aborted) on failure."""
-        self._check_open()
-        if self.written + len(data) > self.length:
-            await self.abort()
-            raise CacheWriteError(f"chunk {self.index} of {self.obj!r} is {self.length} bytes")
-        try:
-            await self._io(self._write, data)
-        except OSError as exc:
-            await self._failed(exc)
-            raise CacheWriteError(f"cannot write cache chunk {self.path}: {exc}") from exc
-        self.written += len(data)
-
-    async def commit(self) -> None:
-        """Publish the chunk: fsync (if configured), rename, record in the index.
-
-        A chunk of an entry that was replaced or invalidated meanwhile is discarded.
-        """
-        self._check_open()
-        if self.written != self.length:
-            await self.abort()
-            raise CacheWriteError(
-                f"chunk {self.index} of {self.obj!r}: {self.written} of {self.length} bytes"
-            )
-        if not self.obj.alive:
-            self._store._count("discarded_commits")
-            await self.abort()
-            return
-        self._state = "publishing"
-        fd, self._fd = self._fd, -1
-        store = self._store
-        try:
-            await self._io(store._files.publish, fd, self.path, self._final, store._fsync)
-        except OSError as exc:
-            await self._failed(exc)
-            raise CacheWriteError(f"cannot publish cache chunk {self._final}: {exc}") from exc
-        self._state = "done"
-        store._record(self, self._hasher.intdigest())
-
-    async def abort(self) -> None:
-        """Delete the temp file and release the reservation. Idempotent."""
-        if self._state != "done":
-            await asyncio.shield(self._discard())
-
-    def _check_open(self) -> None:
-        if self._state != "open":
-            raise CacheWriteError(f"chunk writer for {self.path or self.obj!r} is {self._state}")
-
-    def _write(self, data: bytes | bytearray | memoryview) -> None:
-        self._store._files.write(self._fd, data)
-        self._hasher.update(data)
-
-    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
-        # Shielded: a cancelled caller does not cancel the call, which owns the descriptor
-        # (publish closes it); the cleanup waits for the call instead (see _discard).
-        cf = self._busy = self._store._io.submit(fn, *args)
-        try:
-            return await asyncio.shield(asyncio.wrap_future(cf))
-        except asyncio.CancelledError:
-            self._discard()
-            raise
-
-    async def _failed(self, exc: OSError) -> None:
-        self._store._dir_failed(self.dir, exc)
-        await self.abort()
-
-    def _discard(self) -> asyncio.Future[None]:
-        """Schedule the cleanup once no I/O of this writer runs (its fd must not be closed
-        under a running write), and return a future for its end."""
-        if self._gone is None:
-            published = self._state in ("publishing", "done")
-            self._state = "aborted"
-            fd, self._fd = self._fd, -1
-            paths = [self.path, self._final] if published else [self.path]
-            self._gone = self._store._background(
-                self._store._files.discard, fd, paths, after=self._busy, then=self._cleaned
-            )
-        return self._gone
-
-    def _cleaned(self, removed_dirs: int | None) -> None:
-        self._store._dirs_removed(removed_dirs)
-        self._store._release_writer(self)
 
 
 class CacheStore:
@@ -411,7 +124,7 @@ class CacheStore:
         io_threads: int = 8,
         files: ChunkFiles | None = None,
     ) -> None:
-        self._open_fds: OrderedDict[_Chunk, None] = OrderedDict()
+        self._open_fds: OrderedDict[Chunk, None] = OrderedDict()
         if not dirs:
             raise ValueError("the cache store needs at least one directory")
         if verify not in VERIFY_POLICIES:
@@ -449,11 +162,11 @@ class CacheStore:
         # describe what the write replaced (see admit's `since`).
         self.epoch = 0
         self._bare: OrderedDict[str, CachedObject] = OrderedDict()
-        self._policy: S3FIFO[_Chunk] = S3FIFO(fingerprint=_fingerprint)
+        self._policy: S3FIFO[Chunk] = S3FIFO(fingerprint=fingerprint)
         self._writers: dict[tuple[str, int], ChunkWriter] = {}
         self._temps: set[str] = set()
         self._claimed: set[tuple[str, int]] | None = None
-        self._verifying: dict[_Chunk, asyncio.Future[None]] = {}
+        self._verifying: dict[Chunk, asyncio.Future[None]] = {}
         self._pending: set[asyncio.Future[None]] = set()
         self._drives = [_Drive(root) for root in self._dirs]
         self._counts: Counter[str] = Counter()
@@ -565,7 +278,7 @@ class CacheStore:
     def _load_object(self, row: ObjectRow, shared: dict[str, Any]) -> None:
         stem = row[0]
         try:
-            meta = _meta_from_row(row, shared)
+            meta = meta_from_row(row, shared)
         except (ValueError, TypeError) as exc:
             log.warning("cache index: dropping unreadable object row %s: %s", stem, exc)
             meta = None
@@ -582,7 +295,7 @@ class CacheStore:
         """Attach a batch of chunk rows to their objects. One tight loop: at start-up it
         runs a million times."""
         stems, cs, dirs = self._stems, self._chunk_size, range(len(self._dirs))
-        evictable: list[tuple[_Chunk, int]] = []
+        evictable: list[tuple[Chunk, int]] = []
         per_dir = [0] * len(self._dirs)
         total = pinned = count = 0
         for stem, index, d, length, digest in rows:
@@ -597,7 +310,7 @@ class CacheStore:
                 self._index.delete_chunk(stem, index)
                 continue
             # One shared int object for all full chunks; digests are stored signed.
-            chunk = _Chunk(obj, index, d, cs if length == cs else length, digest & _U64)
+            chunk = Chunk(obj, index, d, cs if length == cs else length, digest & _U64)
             obj.chunks[index] = chunk
             size = -(-length // BLOCK) * BLOCK
             total += size
@@ -643,7 +356,7 @@ class CacheStore:
         current = self.lookup(meta.bucket, meta.key)
         if current is not None and current.meta.same_object(meta):
             current.meta = meta
-            self._index.put_object(_object_row(current))
+            self._index.put_object(object_row(current))
             return current
         if current is not None:
             self._forget(current)
@@ -651,7 +364,7 @@ class CacheStore:
         obj = CachedObject(meta, new_stem(meta.bucket, meta.key, meta.etag, meta.version_id), False)
         obj.pinned = self._is_pinned(meta)
         self._register(obj)
-        self._index.put_object(_object_row(obj))
+        self._index.put_object(object_row(obj))
         self._note_bare(obj)
         if self._ready:
             await self._index.backpressure()
@@ -770,17 +483,17 @@ class CacheStore:
             return self._reader(chunk, fd, owned=False)
         return self._reader(chunk, fd, owned=True)
 
-    def _reader(self, chunk: _Chunk, fd: int, *, owned: bool) -> ChunkReader:
+    def _reader(self, chunk: Chunk, fd: int, *, owned: bool) -> ChunkReader:
         self._touch(chunk)
         return ChunkReader(fd, chunk.length, partial(self._unref, chunk), owned=owned)
 
-    def _touch(self, chunk: _Chunk) -> None:
+    def _touch(self, chunk: Chunk) -> None:
         """A chunk is read: the eviction policy and the scrubber hear of it."""
         self._policy.access(chunk)
         chunk.last_access = self._clock.time()
         self._count("hits")
 
-    def _keep_open(self, chunk: _Chunk, fd: int) -> None:
+    def _keep_open(self, chunk: Chunk, fd: int) -> None:
         """Keep the descriptors of recently read chunks open, so a hit costs no open()."""
         chunk.fd = fd
         self._open_fds[chunk] = None
@@ -791,13 +504,13 @@ class CacheStore:
                 break
             self._close_fd(oldest)
 
-    def _close_fd(self, chunk: _Chunk) -> None:
+    def _close_fd(self, chunk: Chunk) -> None:
         self._open_fds.pop(chunk, None)
         if chunk.fd >= 0:
             fd, chunk.fd = chunk.fd, -1
             os.close(fd)
 
-    async def _open_fd(self, chunk: _Chunk) -> int | None:
+    async def _open_fd(self, chunk: Chunk) -> int | None:
         """Open (and verify) the chunk's file; concurrent first reads share one verification."""
         while (digest := self._digest_to_check(chunk)) is not None and self._verify != "always":
             pending = self._verifying.get(chunk)
@@ -808,7 +521,7 @@ class CacheStore:
                 return None
         return await self._open_checked(chunk, digest)
 
-    async def _verify_once(self, chunk: _Chunk, digest: int) -> int | None:
+    async def _verify_once(self, chunk: Chunk, digest: int) -> int | None:
         done = self._verifying[chunk] = asyncio.get_running_loop().create_future()
         try:
             return await self._open_checked(chunk, digest)
@@ -816,12 +529,12 @@ class CacheStore:
             del self._verifying[chunk]
             done.set_result(None)
 
-    def _digest_to_check(self, chunk: _Chunk) -> int | None:
+    def _digest_to_check(self, chunk: Chunk) -> int | None:
         if self._verify == "always" or (self._verify == "after-restart" and not chunk.verified):
             return chunk.digest
         return None
 
-    async def _open_checked(self, chunk: _Chunk, digest: int | None) -> int | None:
+    async def _open_checked(self, chunk: Chunk, digest: int | None) -> int | None:
         path = self._path(chunk)
         try:
             fd = await self._io_call(
@@ -921,7 +634,7 @@ class CacheStore:
             self._count("discarded_commits")
             writer._discard()
             return
-        chunk = _Chunk(obj, writer.index, writer.dir, writer.length, digest)
+        chunk = Chunk(obj, writer.index, writer.dir, writer.length, digest)
         chunk.verified = chunk.checked = True
         chunk.last_access = self._clock.time()
         self._release_writer(writer)
@@ -930,7 +643,7 @@ class CacheStore:
         self._index.put_chunk(obj.stem, chunk.index, chunk.dir, chunk.length, digest)
         self._count("fills")
 
-    def _add_chunk(self, chunk: _Chunk) -> None:
+    def _add_chunk(self, chunk: Chunk) -> None:
         chunk.obj.chunks[chunk.index] = chunk
         size = blocks(chunk.length)
         self._chunk_bytes += size
@@ -953,7 +666,7 @@ class CacheStore:
             self._drives[writer.dir].reserved -= writer.reserved
         writer.reserved = 0
 
-    def _drop(self, chunk: _Chunk, reason: str) -> None:
+    def _drop(self, chunk: Chunk, reason: str) -> None:
         """Delete one chunk (damaged, missing, unreadable); its object stays, maybe bare."""
         obj = chunk.obj
         if obj.chunks.get(chunk.index) is not chunk:
@@ -965,7 +678,7 @@ class CacheStore:
         if obj.alive and not obj.chunks:
             self._note_bare(obj)
 
-    def _retire(self, chunks: list[_Chunk]) -> asyncio.Future[None]:
+    def _retire(self, chunks: list[Chunk]) -> asyncio.Future[None]:
         """Delete the files of chunks already detached from their objects. Their bytes stay
         counted until the files are gone and the last reader has closed."""
         for chunk in chunks:
@@ -979,19 +692,19 @@ class CacheStore:
         paths = [self._path(c) for c in chunks]
         return self._background(self._files.unlink, paths, then=partial(self._retired, chunks))
 
-    def _retired(self, chunks: list[_Chunk], removed_dirs: int | None) -> None:
+    def _retired(self, chunks: list[Chunk], removed_dirs: int | None) -> None:
         self._dirs_removed(removed_dirs)
         for chunk in chunks:
             self._unref(chunk)
 
-    def _unref(self, chunk: _Chunk) -> None:
+    def _unref(self, chunk: Chunk) -> None:
         chunk.readers -= 1
         if chunk.dead and chunk.readers == 0:
             self._close_fd(chunk)
             self._chunk_bytes -= blocks(chunk.length)
             self._drives[chunk.dir].chunk_bytes -= blocks(chunk.length)
 
-    def _path(self, chunk: _Chunk) -> str:
+    def _path(self, chunk: Chunk) -> str:
         return chunk_path(self._dirs[chunk.dir], chunk.obj.stem, chunk.index)
 
     # Budget
@@ -1098,7 +811,7 @@ class CacheStore:
         async with self._evict_lock:
             if self.usage + need <= self._high:
                 return
-            victims: list[_Chunk] = []
+            victims: list[Chunk] = []
             freeing = 0
             low = self._low
             while self.usage - freeing + need > low:
@@ -1110,7 +823,7 @@ class CacheStore:
             if victims:
                 await self._evict(victims, freeing)
 
-    async def _evict(self, victims: list[_Chunk], freeing: int) -> None:
+    async def _evict(self, victims: list[Chunk], freeing: int) -> None:
         for chunk in victims:
             del chunk.obj.chunks[chunk.index]
             self._index.delete_chunk(chunk.obj.stem, chunk.index)
@@ -1276,7 +989,7 @@ class CacheStore:
                 "cache scrub done in %.0fs: %d damaged", time.perf_counter() - started, damaged
             )
 
-    async def _scrub_one(self, chunk: _Chunk) -> bool:
+    async def _scrub_one(self, chunk: Chunk) -> bool:
         chunk.readers += 1
         try:
             await self._io_call(self._files.verify, self._path(chunk), chunk.length, chunk.digest)
@@ -1398,49 +1111,10 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _is_busy(chunk: _Chunk) -> bool:
+def _is_busy(chunk: Chunk) -> bool:
     return chunk.readers > 0
 
 
 def _orphaned(cleanup: Callable[[T], Any], cf: concurrent.futures.Future[T]) -> None:
     if not cf.cancelled() and cf.exception() is None:
         cleanup(cf.result())
-
-
-def _object_row(obj: CachedObject) -> ObjectRow:
-    m = obj.meta
-    headers, parts = json.dumps(m.headers), json.dumps(m.parts)
-    return (
-        obj.stem,
-        m.bucket,
-        m.key,
-        m.etag,
-        m.version_id,
-        m.size,
-        m.last_modified,
-        headers,
-        m.validated_at,
-        parts,
-    )
-
-
-def _meta_from_row(row: ObjectRow, shared: dict[str, Any] | None = None) -> ObjectMeta:
-    """An object row as ObjectMeta. `shared` maps strings already seen (bucket names,
-    header and parts JSON) to the one object to use for all equal ones."""
-    _, bucket, key, etag, version_id, size, last_modified, headers, validated_at, parts = row
-    shared = {} if shared is None else shared
-    if headers not in shared:
-        shared[headers] = tuple((str(k), str(v)) for k, v in json.loads(headers))
-    if parts not in shared:
-        shared[parts] = tuple((int(n), int(a), int(b)) for n, a, b in json.loads(parts))
-    return ObjectMeta(
-        bucket=shared.setdefault(bucket, bucket),
-        key=key,
-        etag=etag,
-        size=int(size),
-        last_modified=shared.setdefault(last_modified, last_modified),
-        headers=shared[headers],
-        version_id=version_id,
-        validated_at=float(validated_at),
-        parts=shared[parts],
-    )
