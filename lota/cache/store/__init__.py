@@ -46,16 +46,12 @@ outlive its file, which the rules above already handle (the chunk is dropped). W
 the ``after-restart`` verification catches those, ``verify="never"`` would not.
 """
 
-from lota.cache.store.chunks import ChunkReader, ChunkWriter, read_resident
-from lota.cache.store.core import (
-    COUNTERS,
-    MAX_OPEN_CHUNKS,
-    VERIFY_POLICIES,
-    CacheStore,
-    VerifyPolicy,
-)
 from lota.cache.store.entries import CachedObject, ObjectMeta
 from lota.cache.store.errors import CacheDirInUse, CacheError, CacheWriteError
+from lota.cache.store.facade import COUNTERS, CacheStore
+from lota.cache.store.fdcache import MAX_OPEN_CHUNKS
+from lota.cache.store.reader import VERIFY_POLICIES, ChunkReader, VerifyPolicy, read_resident
+from lota.cache.store.writer import ChunkWriter
 
 __all__ = [
     "COUNTERS",

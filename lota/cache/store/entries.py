@@ -75,7 +75,7 @@ class Chunk:
         self.length = length
         self.digest = digest
         self.readers = 0  # open readers, plus one while the file is being deleted
-        self.fd = -1  # kept open while the chunk is hot (see CacheStore._keep_open)
+        self.fd = -1  # kept open while the chunk is hot (see fdcache.FdCache)
         self.dead = False
         self.verified = False  # digest checked (or written) by this process
         self.checked = False  # file seen with the right length by this process
