@@ -1,6 +1,6 @@
 """The chunk store's errors (under :class:`lota.s3.errors.LotaError`)::
 
-CacheError              the store cannot serve or open; the request passes through
+CacheError              the store cannot open: a dir or the index is unusable
 ├── CacheDirInUse       another process holds a cache directory's lock
 └── CacheWriteError     a chunk could not be written; its writer is already aborted
 """
@@ -11,7 +11,9 @@ from lota.s3.errors import LotaError
 
 
 class CacheError(LotaError):
-    """The cache store cannot do what was asked; the read path serves without it."""
+    """The store cannot open: the first dir (which holds the index) or the index itself is
+    unusable. The node does not start without its cache (:mod:`lota.server`); once the
+    store is open, reads and fills report trouble by returning None, not by raising."""
 
 
 class CacheDirInUse(CacheError):

@@ -80,9 +80,6 @@ class ChunkTable:
     def by_stem(self, stem: str) -> CachedObject | None:
         return self._stems.get(stem)
 
-    def objects(self) -> list[CachedObject]:
-        return list(self._stems.values())
-
     def under(self, bucket: str, prefix: str) -> list[CachedObject]:
         return [o for k, o in self._objects.get(bucket, {}).items() if k.startswith(prefix)]
 
