@@ -1,7 +1,8 @@
 """The node-local read cache.
 
 - :mod:`lota.cache.store`: the chunk store (entries, chunks, budget, crash safety); the
-  read path's only way to the disk.
+  read path's only way to the disk. A package: its ``table``, ``budget``, ``reader``,
+  ``writer``, ``maintenance`` modules and the ``CacheStore`` facade that composes them.
 - :mod:`lota.cache.index`: its SQLite journal, on a thread of its own.
 - :mod:`lota.cache.eviction`: S3-FIFO, the eviction policy (pure).
 - :mod:`lota.cache.layout`: file names and disk accounting (pure).
@@ -11,6 +12,7 @@
 
 Errors (under :class:`lota.s3.errors.LotaError`)::
 
-    CacheError              the store cannot serve or open; the request passes through
+    CacheError              the store cannot open: a dir or the index is unusable
+    ├── CacheDirInUse       another process holds a cache directory's lock
     └── CacheWriteError     a chunk could not be written; its writer is already aborted
 """

@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import groupby
 from typing import Any, TypeVar
 
+from lota.threads import outlast, submit
+
 log = logging.getLogger("lota.cache")
 
 T = TypeVar("T")
@@ -105,7 +107,7 @@ class Index:
 
     async def open(self) -> None:
         """Open (or create, or recreate if unreadable) the index; measure it."""
-        self.bytes = await self._call(self._open)
+        self.bytes = await outlast(self._call(self._open))
 
     def object_rows(self, batch: int = 20_000) -> AsyncIterator[list[ObjectRow]]:
         """The object rows, a batch at a time. Start-up only, before anything is queued."""
@@ -120,15 +122,15 @@ class Index:
     async def _rows(self, sql: str, batch: int) -> AsyncIterator[list[Any]]:
         """Rows of `sql` in batches; the next batch is read while the caller works on this
         one, and a large index never sits in memory twice."""
-        cursor = await self._call(self._connection().execute, sql)
+        cursor = await outlast(self._call(self._connection().execute, sql))
         pending = self._call(cursor.fetchmany, batch)
         try:
-            while rows := await pending:
+            while rows := await outlast(pending):
                 pending = self._call(cursor.fetchmany, batch)
                 yield rows
         finally:
             await asyncio.gather(pending, return_exceptions=True)
-            await self._call(cursor.close)
+            await outlast(self._call(cursor.close))
 
     def put_object(self, row: ObjectRow) -> None:
         self._queue(_PUT_OBJECT, row)
@@ -159,22 +161,17 @@ class Index:
 
     async def flush(self) -> None:
         """Commit everything queued so far. Cancelling the caller does not cancel the
-        commit (the changes are off the queue); a later flush or close() runs after it."""
+        commit (the changes are off the queue): the caller waits for it to end."""
         ops, self._ops = self._ops, []
         self._queued.clear()
         self._full.clear()
         commit = self._call(self._commit, ops)
-        try:
-            self.bytes = await asyncio.shield(commit)
-        except asyncio.CancelledError:
-            commit.add_done_callback(self._orphan_done)
-            raise
+        self.bytes = await outlast(commit, on_orphan_error=self._orphan_failed)
 
-    def _orphan_done(self, commit: asyncio.Future[int]) -> None:
+    def _orphan_failed(self, exc: BaseException) -> None:
         """A commit whose caller was cancelled: nobody else would hear that it failed."""
-        if not commit.cancelled() and (exc := commit.exception()) is not None:
-            self.errors += 1
-            log.error("cache index commit failed", exc_info=exc)
+        self.errors += 1
+        log.error("cache index commit failed", exc_info=exc)
 
     async def backpressure(self) -> None:
         """Wait for a commit when far more changes are queued than one batch holds."""
@@ -185,7 +182,7 @@ class Index:
         """Commit what is queued, checkpoint the WAL into the index, close, stop the thread."""
         try:
             await self.flush()
-            await self._call(self._close)
+            await outlast(self._call(self._close))
         finally:
             self._thread.shutdown(wait=True)
 
@@ -196,7 +193,8 @@ class Index:
             self._full.set()
 
     def _call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        return asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        """Start `fn` on the index thread; await it with :func:`lota.threads.outlast`."""
+        return submit(fn, *args, executor=self._thread)
 
     # Everything below runs on the index thread.
 

@@ -11,7 +11,6 @@ byte order, S3's order. Other nodes learn of new events by polling the ``events`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -41,6 +40,7 @@ from lota.catalog.model import (
 )
 from lota.catalog.schema import LATEST_VERSION, SQLITE_VERSION_TABLE, to_apply
 from lota.clock import Clock
+from lota.threads import run_in_thread
 
 log = logging.getLogger("lota.catalog")
 
@@ -155,7 +155,7 @@ class SQLiteCatalog(Catalog):
         """Run `fn` on the catalog thread; translate SQLite's errors into CatalogError."""
         self._check_open()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+            return await run_in_thread(fn, *args, executor=self._thread)
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 raise CatalogUnavailable(f"catalog {self.path}: {exc}") from exc
@@ -330,7 +330,7 @@ class SQLiteCatalog(Catalog):
 
     async def _close(self) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._disconnect)
+            await run_in_thread(self._disconnect, executor=self._thread)
         finally:
             self._thread.shutdown(wait=True)
 

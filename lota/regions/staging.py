@@ -14,18 +14,16 @@ import hashlib
 import os
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 from lota.regions.origin import OriginClient
 from lota.s3.errors import OriginError, S3Error
+from lota.threads import run_in_thread
 
 STAGING_PREFIX = "lota-staging/"
 READ_SIZE = 256 * 1024
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,13 +280,16 @@ async def _write_file(path: Path, body: AsyncIterator[bytes]) -> None:
     or absent, and once this returns (the write is acknowledged) it survives power loss."""
     created = await asyncio.to_thread(_make_dirs, path.parent)
     temp = path.with_suffix(".tmp")
-    fd = await _to_thread(
+    # run_in_thread: a cancelled caller waits for the call to end, since it closes the
+    # descriptor the call writes to (a number closed under a running write may be another
+    # file's by then); on_orphan gets the descriptor the caller missed.
+    fd = await run_in_thread(
         os.open, temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, on_orphan=os.close
     )
     try:
         async for piece in body:
-            await _to_thread(_write_all, fd, piece)
-        await _to_thread(os.fsync, fd)
+            await run_in_thread(_write_all, fd, piece)
+        await run_in_thread(os.fsync, fd)
     except BaseException:
         os.close(fd)
         await asyncio.to_thread(_unlink, temp)
@@ -297,22 +298,6 @@ async def _write_file(path: Path, body: AsyncIterator[bytes]) -> None:
     await asyncio.to_thread(os.rename, temp, path)
     for directory in (path.parent, *(d.parent for d in created)):
         await asyncio.to_thread(_fsync_dir, directory)
-
-
-async def _to_thread(
-    fn: Callable[..., T], *args: Any, on_orphan: Callable[[T], Any] | None = None
-) -> T:
-    """Like ``asyncio.to_thread``, but a cancelled caller waits for the call to end: the
-    caller closes the descriptor the call writes to, and a number closed under a running
-    write may be another file's by then. `on_orphan` gets the result the caller missed."""
-    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.shield(job)
-    except asyncio.CancelledError:
-        await asyncio.wait({job})
-        if on_orphan is not None and not job.cancelled() and job.exception() is None:
-            on_orphan(job.result())
-        raise
 
 
 def _make_dirs(directory: Path) -> list[Path]:

@@ -144,7 +144,7 @@ async def test_leftovers_of_a_crash_are_swept(dirs: list[Path], make_store: Make
     obj = await store.admit(ObjectMeta("b", "k", "e", 5 * CS, "", ()))
     for index in range(3):
         await fill(store, obj, index)
-    paths = [chunk_path(store._dirs[obj.chunks[i].dir], obj.stem, i) for i in range(3)]
+    paths = [chunk_path(store.dirs[obj.chunks[i].dir], obj.stem, i) for i in range(3)]
     await store.close()
 
     os.truncate(paths[1], 10)  # a row whose file is too short
@@ -247,7 +247,7 @@ async def test_a_commit_cancelled_before_its_publish_ran_leaves_no_descriptor_or
     await store.flush()
     assert len(os.listdir("/proc/self/fd")) == descriptors
     assert sorted(obj.chunks) == [1]
-    assert [p.name for p in chunk_files(*dirs)] == [Path(store._path(obj.chunks[1])).name]
+    assert [p.name for p in chunk_files(*dirs)] == [Path(store.chunk_path(obj, 1)).name]
     assert store.stats()["reserved_bytes"] == 0
 
 

@@ -323,7 +323,7 @@ async def test_publish_racing_a_replacement_is_discarded(make_store: MakeStore) 
     await commit
     assert not store.has_chunk(obj, 0) and not store.has_chunk(new, 0)
     await store.flush()
-    assert not os.path.exists(chunk_path(str(store._dirs[writer.dir]), obj.stem, 0))
+    assert not os.path.exists(chunk_path(str(store.dirs[writer.dir]), obj.stem, 0))
 
 
 # Writers
@@ -421,7 +421,7 @@ async def test_flipped_byte_found_after_restart_drops_the_chunk(
     store = await make_store()
     obj = await store.admit(meta())
     await fill_all(store, obj)
-    path = chunk_path(store._dirs[obj.chunks[1].dir], obj.stem, 1)
+    path = chunk_path(store.dirs[obj.chunks[1].dir], obj.stem, 1)
     await store.close()
     flip_byte(path)
 
@@ -446,7 +446,7 @@ async def test_damage_after_a_fill_in_this_process(
     store = await make_store(verify=verify)
     obj = await store.admit(meta())
     await fill(store, obj, 0)
-    flip_byte(chunk_path(store._dirs[obj.chunks[0].dir], obj.stem, 0))
+    flip_byte(chunk_path(store.dirs[obj.chunks[0].dir], obj.stem, 0))
     assert (await read(store, obj, 0) is not None) is served
 
 
@@ -456,7 +456,7 @@ async def test_truncated_chunk_is_never_served_even_without_verification(
     store = await make_store(verify="never")
     obj = await store.admit(meta())
     await fill(store, obj, 0)
-    os.truncate(chunk_path(store._dirs[obj.chunks[0].dir], obj.stem, 0), 100)
+    os.truncate(chunk_path(store.dirs[obj.chunks[0].dir], obj.stem, 0), 100)
     assert await read(store, obj, 0) is None
     assert not store.has_chunk(obj, 0)
 
@@ -471,7 +471,7 @@ async def test_hot_chunks_are_read_inline_and_short_ones_dropped(make_store: Mak
     hits = store.stats()["hits"]
     assert store.read_hot(obj, 1, 10, 100) == data[10:110]
     assert store.stats()["hits"] == hits + 1
-    os.truncate(chunk_path(store._dirs[obj.chunks[1].dir], obj.stem, 1), 50)
+    os.truncate(chunk_path(store.dirs[obj.chunks[1].dir], obj.stem, 1), 50)
     assert store.read_hot(obj, 1, 10, 100) is None
     assert not store.has_chunk(obj, 1)
     assert await read(store, obj, 0) == content(obj.meta, 0)
@@ -485,7 +485,7 @@ async def test_bytes_not_in_the_page_cache_are_not_read_inline(make_store: MakeS
     await fill_all(store, obj)
     assert await read(store, obj, 2) == content(obj.meta, 2)
     assert store.read_hot(obj, 2, 0, 100) is not None
-    fd = os.open(chunk_path(store._dirs[obj.chunks[2].dir], obj.stem, 2), os.O_RDONLY)
+    fd = os.open(chunk_path(store.dirs[obj.chunks[2].dir], obj.stem, 2), os.O_RDONLY)
     try:
         # Evicted as if by other reads, read_hot leaves the drive read to a thread. The
         # kernel may keep pages it holds for a moment (per-CPU LRU batches), and those
@@ -521,7 +521,7 @@ async def test_scrub_drops_damaged_idle_chunks(make_store: MakeStore, clock: Fak
     store = await make_store(scrub_rate=1 << 40, scrub_idle=60)
     obj = await store.admit(meta())
     await fill_all(store, obj)
-    flip_byte(chunk_path(store._dirs[obj.chunks[2].dir], obj.stem, 2))
+    flip_byte(chunk_path(store.dirs[obj.chunks[2].dir], obj.stem, 2))
     assert await store.scrub() == 0  # nothing idle yet
     clock.advance(61)
     assert await store.scrub() == 1
@@ -725,7 +725,12 @@ async def test_a_full_drive_sends_its_chunks_to_the_other_drives(
     store = await make_store(dirs=[small, big], size=256 * CS)
     assert await _fill_counting_failures(store, range(20)) == 1  # 5 MiB; the budget holds it
     assert store.stats()["evictions"] == 0
-    cached = [store.has_chunk(obj, i) for obj in store._stems.values() for i in range(4)]
+    cached = [
+        store.has_chunk(obj, i)
+        for n in range(20)
+        if (obj := store.lookup("b", f"o{n}"))
+        for i in range(4)
+    ]
     assert sum(cached) == 80 - 1  # all but the one whose fill hit ENOSPC
     dirs = store.dir_stats()
     assert dirs[str(small)]["budget"] < MiB and dirs[str(big)]["budget"] == 256 * CS

@@ -1,0 +1,196 @@
+"""Reading chunks: open one (verified as the policy says), or read a hot one at once.
+
+``verify`` decides when a read checks a chunk's xxh3-64 digest: ``always``,
+``after-restart`` (the first read of a chunk this process did not write itself) or
+``never``. Concurrent first reads of a chunk share one verification. A damaged, missing or
+unreadable chunk is dropped and reported as absent, so the caller fetches it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable
+from functools import partial
+from typing import Literal
+
+from lota.cache.files import ChunkDamaged, ChunkFiles
+from lota.cache.store.entries import CachedObject, Chunk
+from lota.cache.store.fdcache import FdCache
+from lota.cache.store.pool import IOPool
+from lota.cache.store.table import ChunkTable
+from lota.clock import Clock
+
+log = logging.getLogger("lota.cache")
+
+VerifyPolicy = Literal["always", "after-restart", "never"]
+VERIFY_POLICIES: tuple[VerifyPolicy, ...] = ("always", "after-restart", "never")
+
+_RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+
+
+def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
+    """`count` bytes at `offset` of a file if the page cache holds all of them, read
+    without blocking (``RWF_NOWAIT``): safe on the event loop. None when any are not
+    resident, the file is shorter, or the read fails; then the caller reads on a thread,
+    where a cold or failing drive stalls nobody and errors are handled."""
+    if _RWF_NOWAIT is None:
+        return None
+    data = bytearray(count)
+    try:
+        got = os.preadv(fd, (data,), offset, _RWF_NOWAIT)
+    except OSError:  # EAGAIN: not resident; EOPNOTSUPP: not on this file system; EIO...
+        return None
+    return data if got == count else None
+
+
+class ChunkReader:
+    """An open, verified chunk: read it with ``os.pread``/``os.sendfile`` on `fd`, then
+    close(). It stays readable even if the entry is invalidated meanwhile."""
+
+    __slots__ = ("_owned", "_release", "fd", "length")
+
+    def __init__(
+        self, fd: int, length: int, release: Callable[[], None], *, owned: bool = True
+    ) -> None:
+        self.fd = fd
+        self.length = length
+        self._release = release
+        # A descriptor from the store's cache of open chunks is the store's to close.
+        self._owned = owned
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            try:
+                if self._owned:
+                    os.close(fd)
+            finally:
+                self._release()
+
+
+class Readers:
+    """Opens chunks of the table for reading; keeps hot ones' descriptors in `fds`."""
+
+    def __init__(
+        self,
+        table: ChunkTable,
+        *,
+        verify: VerifyPolicy,
+        fds: FdCache,
+        io: IOPool,
+        files: ChunkFiles,
+        clock: Clock,
+        counts: Counter[str],
+    ) -> None:
+        if verify not in VERIFY_POLICIES:
+            raise ValueError(f"verify must be one of {VERIFY_POLICIES}, got {verify!r}")
+        self._table = table
+        self._verify: VerifyPolicy = verify
+        self._fds = fds
+        self._io = io
+        self._files = files
+        self._clock = clock
+        self._counts = counts
+        self._verifying: dict[Chunk, asyncio.Future[None]] = {}
+
+    def read_hot(self, chunk: Chunk, offset: int, count: int) -> bytes | bytearray | None:
+        """See :meth:`lota.cache.store.CacheStore.read_hot`."""
+        if chunk.fd < 0 or self._digest_to_check(chunk) is not None:
+            return None
+        data = read_resident(chunk.fd, count, offset)
+        if data is None:
+            if os.fstat(chunk.fd).st_size < chunk.length:  # cut short: never serve it
+                self.drop_unreadable(chunk.obj, chunk.index)
+            return None
+        self._fds.used(chunk)
+        self._touch(chunk)
+        return data
+
+    def drop_unreadable(self, obj: CachedObject, index: int) -> None:
+        chunk = obj.chunks.get(index)
+        if chunk is not None:
+            log.warning("cache chunk %s unreadable, dropping it", self._table.path(chunk))
+            self._table.drop(chunk, "read_errors")
+
+    async def open(self, chunk: Chunk) -> ChunkReader | None:
+        """A reader of `chunk`, verified as the policy says; None if it is damaged or gone."""
+        self._table.ref(chunk)
+        if chunk.fd >= 0 and self._digest_to_check(chunk) is None:
+            # Hot path: a chunk read since start-up, already checked, descriptor still open.
+            self._fds.used(chunk)
+            return self._reader(chunk, chunk.fd, owned=False)
+        try:
+            fd = await self._open_fd(chunk)
+        except BaseException:
+            self._table.unref(chunk)
+            raise
+        if fd is None or chunk.dead:
+            if fd is not None:
+                os.close(fd)
+            self._table.unref(chunk)
+            self._counts["misses"] += 1
+            return None
+        if self._verify != "always" and chunk.fd < 0:
+            self._fds.keep(chunk, fd)
+            return self._reader(chunk, fd, owned=False)
+        return self._reader(chunk, fd, owned=True)
+
+    def _reader(self, chunk: Chunk, fd: int, *, owned: bool) -> ChunkReader:
+        self._touch(chunk)
+        return ChunkReader(fd, chunk.length, partial(self._table.unref, chunk), owned=owned)
+
+    def _touch(self, chunk: Chunk) -> None:
+        """A chunk is read: the eviction policy and the scrubber hear of it."""
+        self._table.touch(chunk)
+        chunk.last_access = self._clock.time()
+        self._counts["hits"] += 1
+
+    async def _open_fd(self, chunk: Chunk) -> int | None:
+        """Open (and verify) the chunk's file; concurrent first reads share one verification."""
+        while (digest := self._digest_to_check(chunk)) is not None and self._verify != "always":
+            pending = self._verifying.get(chunk)
+            if pending is None:
+                return await self._verify_once(chunk, digest)
+            await asyncio.wait([pending])
+            if chunk.dead:
+                return None
+        return await self._open_checked(chunk, digest)
+
+    async def _verify_once(self, chunk: Chunk, digest: int) -> int | None:
+        done = self._verifying[chunk] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._open_checked(chunk, digest)
+        finally:
+            del self._verifying[chunk]
+            done.set_result(None)
+
+    def _digest_to_check(self, chunk: Chunk) -> int | None:
+        if self._verify == "always" or (self._verify == "after-restart" and not chunk.verified):
+            return chunk.digest
+        return None
+
+    async def _open_checked(self, chunk: Chunk, digest: int | None) -> int | None:
+        path = self._table.path(chunk)
+        try:
+            fd = await self._io.call(
+                self._files.open_chunk, path, chunk.length, digest, on_orphan=os.close
+            )
+        except ChunkDamaged as exc:
+            log.warning("cache chunk damaged, dropping it: %s", exc)
+            self._table.drop(chunk, "corrupt")
+            return None
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.warning("cannot read cache chunk %s, dropping it: %s", path, exc)
+            self._table.drop(
+                chunk, "missing" if isinstance(exc, FileNotFoundError) else "read_errors"
+            )
+            return None
+        if digest is not None:
+            chunk.verified = True
+            self._counts["verified"] += 1
+        chunk.checked = True
+        return fd
