@@ -57,6 +57,7 @@ from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
 from lota.regions.migrator import Migrator
 from lota.regions.origin import POOL_SIZE, OriginClient
+from lota.regions.origins import Origins
 from lota.regions.staging import Staging
 from lota.regions.writes import RegionalRouter
 from lota.relay import abort, read_small_body
@@ -123,6 +124,7 @@ class Node:
         self.store: CacheStore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._passthrough: PassThrough | None = None
+        self._origins: Origins | None = None
         self._reads: ReadPath | None = None
         self.catalog: Catalog | None = None
         self._router: RegionalRouter | None = None
@@ -145,16 +147,9 @@ class Node:
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        origins = {
-            name: OriginClient(region, self._session, self.metrics, Clock())
-            for name, region in self.config.regions.items()
-        }
-        self._passthrough = PassThrough(
-            origins,
-            self.config.bucket_regions,
-            self.config.default_region,
-            self.config.body_timeout,
-        )
+        origins = Origins(self.config, self._session, self.metrics)
+        self._origins = origins
+        self._passthrough = PassThrough(origins, self.config.body_timeout)
         try:
             if self.config.cache.dirs:
                 await self._open_cache()
@@ -166,7 +161,7 @@ class Node:
         self.ready = True
         return self
 
-    async def _open_catalog(self, origins: dict[str, OriginClient]) -> None:
+    async def _open_catalog(self, origins: Origins) -> None:
         w = self.config.write
         self.catalog = await open_catalog(w.catalog, clock=self.clock, node=self.config.node)
         local = self.config.regions[self.config.region]
@@ -177,24 +172,23 @@ class Node:
             staging_bucket=local.staging_bucket,
             local_dir=w.staging_dir if w.staging == "local-disk" else "",
         )
-        assert self._passthrough is not None
         accelerator = Accelerator(
             self.catalog,
             staging,
-            self._passthrough.origin_for,
+            origins.for_bucket,
             self.metrics,
             self.config.body_timeout,
         )
-        self._router = RegionalRouter(self.config, self.catalog, accelerator, self._passthrough)
+        self._router = RegionalRouter(self.config, self.catalog, accelerator, origins)
         self.migrator = Migrator(
-            self.catalog, staging, self._passthrough.origin_for, w, self.metrics, self.clock
+            self.catalog, staging, origins.for_bucket, w, self.metrics, self.clock
         )
         self.tasks.start(self.migrator.run(), "migrator")
         if self.store is not None:
             self.tasks.start(self._follow_events(), "invalidations")
         self.access = AccessRecorder(self.catalog, self.clock)
         self.access.start(self.tasks)
-        origin_for = self._passthrough.origin_for
+        origin_for = origins.for_bucket
         self.engine = Engine(
             self.catalog,
             OriginListing(origin_for),
@@ -375,7 +369,8 @@ class Node:
                 if routed is not None:
                     return routed
             if self._reads is not None and cacheable(target, request.headers):
-                origin = self._passthrough.origin_for(target.bucket)
+                assert self._origins is not None
+                origin = self._origins.for_bucket(target.bucket)
                 return await self._reads.serve(request, target, origin)
         # Made only now: a read answered from the cache has no body to decode.
         decoder = self.auth.decoder(view, authorized)
@@ -547,7 +542,7 @@ class Node:
         view = RequestView(request.method, raw_path, query, request.headers)
         principal = self.auth.authorize(view, "s3:ListBucket", bucket_arn(bucket))
         concurrency = parse_concurrency(request.query.get("concurrency"))
-        if self._reads is None or self._passthrough is None:
+        if self._reads is None or self._origins is None:
             raise S3Error("InvalidRequest", "This node has no cache to warm.")
 
         def may_read(key: str) -> bool:
@@ -557,7 +552,7 @@ class Node:
 
         run = Warm(
             self._reads.filler,
-            self._passthrough.origin_for(bucket),
+            self._origins.for_bucket(bucket),
             bucket,
             request.query.get("prefix", ""),
             may_read=may_read,
