@@ -16,13 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import itertools
 import logging
 import os
 import signal
-import ssl
 import time
-import uuid
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -30,11 +27,6 @@ from xml.sax.saxutils import escape
 
 import aiohttp
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http_exceptions import LineTooLong
-from aiohttp.http_parser import RawRequestMessage
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
 
 from lota.auth import Authenticator, Authorized, Refused
 from lota.auth.body import BodyDecoder, make_decoder
@@ -43,16 +35,19 @@ from lota.cache.fill import Filler
 from lota.cache.reads import ReadPath, cacheable
 from lota.cache.store import CacheError, CacheStore
 from lota.cache.warm import Warm, parse_concurrency
-from lota.catalog import Catalog, CatalogUnavailable, EventKind, PendingSummary, open_catalog
+from lota.catalog import Catalog, EventKind, PendingSummary, open_catalog
 from lota.clock import Clock
 from lota.config import Config, ConfigError, StartupError
-from lota.connections import GuardedRequestHandler, GuardedServer, connection_limits
+from lota.connections import connection_limits
 from lota.http import BodyWriter
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.lifecycle.state import LifecycleState
 from lota.logs import AccessLog
 from lota.metrics import LifecycleObserver, Metrics
+from lota.node.errors import as_s3_error, error_response, response_started
+from lota.node.listener import MAX_REQUEST_LINE, S3Server, ssl_context
+from lota.node.requests import RequestContext, next_request_id
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
 from lota.regions.migrator import Migrator
@@ -68,7 +63,7 @@ from lota.s3.addressing import (
     parse_target,
     split_target,
 )
-from lota.s3.errors import OriginError, S3Error
+from lota.s3.errors import S3Error
 from lota.s3.operations import bucket_arn, object_arn
 from lota.s3.xml import DeleteEntry, DeleteRequest, delete_result, merge_result, parse_delete
 from lota.tasks import TaskGroup
@@ -80,10 +75,6 @@ _READS = frozenset({"GetObject", "HeadObject"})
 ACCESSES = frozenset({"GetObject", "PutObject", "CopyObject", "CompleteMultipartUpload"})
 # S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
 DELETE_BODY_LIMIT = 2 * 1024 * 1024
-# aiohttp refuses longer request lines (8 KiB by default) before LOTA sees them; keys over
-# S3's 1,024 bytes, percent-encoded, must reach the KeyTooLongError check. Each header
-# line keeps aiohttp's 8 KiB bound, at most 128 of them.
-MAX_REQUEST_LINE = 64 * 1024
 # What a draining node still answers: everything else gets 503.
 PROBES = frozenset({"/_lota/healthz", "/_lota/readyz", "/_lota/metrics"})
 # Once the drain is over, seconds left for responses aiohttp is still writing.
@@ -594,54 +585,6 @@ class Node:
         return response
 
 
-class RequestContext:
-    """What the handler learns about a request as it goes, for metrics and the access log."""
-
-    __slots__ = (
-        "bucket",
-        "copy_source",
-        "error",
-        "key",
-        "operation",
-        "principal",
-        "request_id",
-        "started",
-    )
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.request_id = next_request_id()
-        self.operation = "Unknown"
-        self.bucket = self.key = ""
-        self.copy_source: tuple[str, str] | None = None
-        self.principal = "-"
-        self.error = ""  # the S3 error code LOTA answered with
-
-
-_REQUEST_PREFIX = uuid.uuid4().hex[:6].upper()
-_request_numbers = itertools.count(1)
-
-
-def next_request_id() -> str:
-    """Unique per process run and cheap: a random prefix and a counter."""
-    return f"{_REQUEST_PREFIX}{next(_request_numbers):010X}"
-
-
-def as_s3_error(exc: Exception, request_id: str) -> S3Error:
-    """The S3 error a failure is answered with: unreachable dependencies are 503s (retry
-    later), anything unexpected a logged 500."""
-    if isinstance(exc, S3Error):
-        return exc
-    if isinstance(exc, OriginError):
-        log.warning("request %s: %s", request_id, exc)
-        return S3Error("ServiceUnavailable", "The origin could not be reached; retry later.")
-    if isinstance(exc, CatalogUnavailable):
-        log.warning("request %s: %s", request_id, exc)
-        return S3Error("ServiceUnavailable", "The catalog could not be reached; retry later.")
-    log.error("request %s failed", request_id, exc_info=exc)
-    return S3Error("InternalError", "We encountered an internal error. Please try again.")
-
-
 def migration_report(summary: PendingSummary) -> dict[str, float | int]:
     count, size, oldest, failing = summary
     return {
@@ -650,84 +593,6 @@ def migration_report(summary: PendingSummary) -> dict[str, float | int]:
         "oldest_age_seconds": round(oldest, 1),
         "failing": failing,
     }
-
-
-def response_started(request: web.BaseRequest) -> bool:
-    """Whether any part of a response (headers included) has been handed to aiohttp."""
-    writer: Any = request.writer
-    return bool(
-        writer.output_size
-        or getattr(writer, "_headers_buf", None)
-        or getattr(writer, "_headers_written", False)
-    )
-
-
-def error_response(exc: S3Error, request_id: str) -> web.Response:
-    """An S3 XML error response (aiohttp leaves the body out for HEAD by itself)."""
-    return web.Response(
-        status=exc.status,
-        body=exc.to_xml(request_id),
-        content_type="application/xml",
-        headers={"x-amz-request-id": request_id},
-    )
-
-
-class S3RequestHandler(GuardedRequestHandler):
-    """aiohttp's connection handler, with its HTTP-level errors answered as S3 XML."""
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if request.writer.output_size > 0:
-            raise ConnectionError("response already started; cannot send an error")
-        if status >= 500:
-            self.log_exception("error handling request", exc_info=exc)
-            err = S3Error("InternalError", "We encountered an internal error. Please try again.")
-        elif isinstance(exc, LineTooLong):
-            err = S3Error(
-                "RequestHeaderSectionTooLarge",
-                "Your request header section exceeds the maximum allowed size.",
-            )
-        else:
-            err = S3Error("InvalidRequest", f"Malformed HTTP request: {message or exc}"[:512])
-        response = error_response(err, next_request_id())
-        response.force_close()
-        return response
-
-
-class S3Server(GuardedServer):
-    """aiohttp's low-level server using :class:`S3RequestHandler` for each connection, and
-    a :class:`BodyWriter` for each response."""
-
-    def __call__(self) -> RequestHandler:
-        return S3RequestHandler(self, loop=self._loop, **self._kwargs)
-
-    def _make_request(
-        self,
-        message: RawRequestMessage,
-        payload: StreamReader,
-        protocol: RequestHandler,
-        writer: AbstractStreamWriter,
-        task: asyncio.Task[None],
-    ) -> web.BaseRequest:
-        # In place of the writer aiohttp made: this one keeps count of what went out.
-        counted = BodyWriter(protocol, self._loop)
-        return web.BaseRequest(message, payload, protocol, counted, task, self._loop)
-
-
-def ssl_context(config: Config) -> ssl.SSLContext | None:
-    if not config.tls_cert:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(config.tls_cert, config.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise StartupError(f"cannot load tls_cert / tls_key: {exc}") from exc
-    return context
 
 
 async def serve(

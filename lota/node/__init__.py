@@ -1,0 +1,1 @@
+"""The node: its listener, its front end and the composition root that builds it."""
