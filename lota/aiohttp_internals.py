@@ -13,12 +13,12 @@ findable when aiohttp changes:
   each ``RequestHandler``, so that a subclass can build its own handler class.
 - :func:`payload_writer`: ``StreamResponse._payload_writer``, the writer a zero-copy
   response sends its headers through before ``sendfile``.
-- :func:`listening_server`: ``TCPSite._server``, the asyncio server, for the port really
+- :func:`bound_address`: ``TCPSite._server``, the asyncio server, for the port really
   bound when listening on port 0.
 
 Overridden hooks, outside this module for now: ``RequestHandler.finish_response`` and
 ``connection_made``/``data_received`` (lota.connections), ``web.Server._make_request``
-(lota.server), ``StreamResponse._send_headers_immediately = False`` (lota.cache.reads).
+(lota.node.listener), ``StreamResponse._send_headers_immediately = False`` (lota.cache.reads).
 
 pyproject.toml pins ``aiohttp>=3.12``: 3.12.0 is the first release with
 ``StreamResponse._send_headers_immediately`` and ``StreamWriter.send_headers()`` (aiohttp
@@ -59,7 +59,8 @@ def payload_writer(response: web.StreamResponse) -> AbstractStreamWriter | None:
     return response._payload_writer
 
 
-def listening_server(site: web.TCPSite) -> asyncio.AbstractServer | None:
-    """The asyncio server behind a started site (``None`` before ``start``)."""
-    server: asyncio.AbstractServer | None = site._server
-    return server
+def bound_address(site: web.TCPSite) -> tuple[str, int]:
+    """The host and port a started site listens on (the real port when asked for port 0)."""
+    server: Any = site._server  # asyncio's or uvloop's Server: both have .sockets
+    host, port = server.sockets[0].getsockname()[:2]
+    return host, port

@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from lota.server import serve
+    from lota.node.serve import serve
 
     overrides: dict[str, Any] = {
         "listen": args.listen,
@@ -240,7 +240,7 @@ def _migrations(args: argparse.Namespace) -> int:
 
     from lota.catalog import open_catalog
     from lota.clock import Clock
-    from lota.server import migration_report
+    from lota.node.admin import migration_report
 
     config = configuration.load(args.config or os.environ.get("LOTA_CONFIG"))
     if not config.write.catalog:

@@ -106,7 +106,7 @@ class BodyWriter(StreamWriter):
     ``x-lota-cache`` header of the response, and its body bytes as handed to the socket
     (without the header section, chunked framing or an interim ``100 Continue``).
 
-    The server gives each request one (:class:`lota.server.S3Server`) and reads it when
+    The server gives each request one (:class:`lota.node.listener.S3Server`) and reads it when
     the response is over; body bytes sent around it are added with :func:`sent_beside`.
     """
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Mapping
 
 from aiohttp import web
 
 from lota.auth.body import BodyDecoder
 from lota.http import PRESIGN_QUERY, forwardable_request_headers, forwardable_response_headers
-from lota.regions.origin import Body, OriginClient
+from lota.regions.origin import Body
+from lota.regions.origins import Origins
 from lota.relay import (
     CHECKSUM_VALUE_LENGTH,
     aws_chunked,
@@ -38,20 +38,9 @@ CHECKSUM_HEADERS = ("x-amz-checksum-", "x-amz-sdk-checksum-")
 class PassThrough:
     """Forwards requests to the origin of the addressed bucket's home region."""
 
-    def __init__(
-        self,
-        origins: Mapping[str, OriginClient],
-        home: Mapping[str, str],
-        default: str,
-        body_timeout: float = 60.0,
-    ) -> None:
+    def __init__(self, origins: Origins, body_timeout: float = 60.0) -> None:
         self._body_timeout = body_timeout
         self._origins = origins
-        self._home = home
-        self._default = default
-
-    def origin_for(self, bucket: str) -> OriginClient:
-        return self._origins[self._home.get(bucket, self._default)]
 
     async def forward(
         self,
@@ -77,7 +66,7 @@ class PassThrough:
             data, payload_hash = body, "UNSIGNED-PAYLOAD"
             headers["content-length"] = str(len(body))
             headers.update(decoder.trailers)
-        async with self.origin_for(target.bucket).request(
+        async with self._origins.for_bucket(target.bucket).request(
             request.method,
             target.bucket,
             target.key,
@@ -100,7 +89,7 @@ class PassThrough:
         headers["content-md5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
         headers["content-length"] = str(len(body))
         query = [(k, v) for k, v in target.query if k not in PRESIGN_QUERY]
-        async with self.origin_for(target.bucket).request(
+        async with self._origins.for_bucket(target.bucket).request(
             request.method, target.bucket, target.key, query=query, headers=headers, body=body
         ) as origin:
             answer = await origin.read()

@@ -38,7 +38,7 @@ from lota.config import Config, ConfigError
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.metrics import Metrics
-from lota.regions.origin import OriginClient
+from lota.regions.origins import Origins
 
 
 async def plan_command(
@@ -116,20 +116,12 @@ async def open_engine(config_path: str | None) -> AsyncIterator[tuple[Engine, Cl
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300),
             auto_decompress=False,
         ) as session:
-            metrics = Metrics()
-            origins = {
-                name: OriginClient(region, session, metrics, Clock())
-                for name, region in config.regions.items()
-            }
-
-            def origin_for(bucket: str) -> OriginClient:
-                return origins[config.home_region(bucket).name]
-
+            origins = Origins(config, session, Metrics())
             yield (
                 Engine(
                     catalog,
-                    OriginListing(origin_for),
-                    OriginMover(origin_for),
+                    OriginListing(origins.for_bucket),
+                    OriginMover(origins.for_bucket),
                     lifecycle,
                     clock=clock,
                 ),

@@ -21,7 +21,6 @@ from aiohttp import web
 from lota.auth.body import BodyDecoder
 from lota.catalog import Catalog, CatalogObject
 from lota.config import Config
-from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator, is_accelerated_upload
 from lota.regions.listing import (
     Entry,
@@ -33,6 +32,7 @@ from lota.regions.listing import (
     render,
 )
 from lota.regions.origin import OriginClient
+from lota.regions.origins import Origins
 from lota.s3.addressing import Target
 from lota.s3.errors import OriginError, S3Error
 from lota.s3.operations import Op, Operation
@@ -64,12 +64,12 @@ class RegionalRouter:
     """Routes the operations the catalog has a say in."""
 
     def __init__(
-        self, config: Config, catalog: Catalog, accelerator: Accelerator, passthrough: PassThrough
+        self, config: Config, catalog: Catalog, accelerator: Accelerator, origins: Origins
     ) -> None:
         self._config = config
         self.catalog = catalog
         self.accelerator = accelerator
-        self._passthrough = passthrough
+        self._origins = origins
 
     async def read(self, request: web.BaseRequest, target: Target) -> web.StreamResponse | None:
         """A GET or HEAD of a key whose latest version is still on its way home is answered
@@ -191,7 +191,7 @@ class RegionalRouter:
                 return None
         elif not await self.catalog.list_objects(target.bucket, wanted.prefix, "", 1):
             return None  # no key of the catalog's under this prefix: the origin's list is true
-        origin = self._passthrough.origin_for(target.bucket)
+        origin = self._origins.for_bucket(target.bucket)
         body = await merged_listing(wanted, origin, self.catalog)
         return web.Response(body=body, content_type="application/xml")
 

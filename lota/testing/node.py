@@ -29,7 +29,7 @@ import aiohttp
 
 from lota import config as configuration
 from lota.config import Config
-from lota.server import serve
+from lota.node.serve import serve
 from lota.tasks import TaskGroup
 from lota.testing.credentials import ORIGIN_KEYS
 from lota.testing.tls import unverified_context

@@ -9,9 +9,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from lota.catalog import CatalogError, CatalogUnavailable
+from lota.node.errors import as_s3_error
 from lota.regions.accelerate import UPLOAD_ID_TAG, decode_upload_id, encode_upload_id
 from lota.s3.errors import OriginError, S3Error
-from lota.server import as_s3_error
 
 
 @pytest.mark.parametrize(

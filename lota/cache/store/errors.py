@@ -12,7 +12,7 @@ from lota.s3.errors import LotaError
 
 class CacheError(LotaError):
     """The store cannot open: the first dir (which holds the index) or the index itself is
-    unusable. The node does not start without its cache (:mod:`lota.server`); once the
+    unusable. The node does not start without its cache (:mod:`lota.node.build`); once the
     store is open, reads and fills report trouble by returning None, not by raising."""
 
 

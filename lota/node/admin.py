@@ -1,0 +1,152 @@
+"""LOTA's own calls, under ``/_lota/`` (no S3 bucket name can contain ``_``).
+
+=============================  ==========================================================
+``GET /_lota/healthz``         the process answers (liveness)
+``GET /_lota/readyz``          200 while serving, 503 before start and once draining
+``GET /_lota/metrics``         Prometheus text
+``POST /_lota/warm``           fill the cache with a prefix; progress as JSON lines
+``GET|PUT /_lota/lifecycle/rules``  this node's lifecycle rules, as JSON
+``GET /_lota/migrations``      accelerated writes not yet in their home region
+=============================  ==========================================================
+
+The probes need no credentials; the other calls are signed like S3 requests and
+authorized against the S3 action they amount to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from aiohttp import web
+
+from lota.auth import Authenticator
+from lota.auth.body import make_decoder
+from lota.auth.sigv4 import RequestView
+from lota.cache.warm import parse_concurrency
+from lota.catalog import PendingSummary
+from lota.config import Config, ConfigError
+from lota.lifecycle.state import LifecycleState
+from lota.metrics import Metrics
+from lota.node.features import CacheFeature, CatalogFeature
+from lota.node.node import Drain
+from lota.regions.origins import Origins
+from lota.relay import read_small_body
+from lota.s3.addressing import is_valid_bucket_name, split_target
+from lota.s3.errors import S3Error
+from lota.s3.operations import bucket_arn, object_arn
+
+# What a draining node still answers: everything else gets 503.
+PROBES = frozenset({"/_lota/healthz", "/_lota/readyz", "/_lota/metrics"})
+# A lifecycle rules document stays well under this.
+RULES_BODY_LIMIT = 2 * 1024 * 1024
+
+
+class Admin:
+    """Answers the ``/_lota/`` calls."""
+
+    def __init__(
+        self,
+        config: Config,
+        auth: Authenticator,
+        metrics: Metrics,
+        drain: Drain,
+        lifecycle: LifecycleState,
+        cache: CacheFeature,
+        catalog: CatalogFeature,
+        origins: Origins,
+    ) -> None:
+        self._config = config
+        self._auth = auth
+        self._metrics = metrics
+        self._drain = drain
+        self._lifecycle = lifecycle
+        self._cache = cache
+        self._catalog = catalog.catalog
+        self._origins = origins
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path == "/_lota/healthz":
+            return web.Response(text="ok\n")
+        if path == "/_lota/readyz":
+            ready = self._drain.ready
+            return web.Response(
+                text="ready\n" if ready else "not ready\n", status=200 if ready else 503
+            )
+        if path == "/_lota/metrics":
+            return web.Response(
+                body=self._metrics.render(), content_type="text/plain", charset="utf-8"
+            )
+        if path == "/_lota/warm" and request.method == "POST":
+            return await self._warm(request)
+        if path == "/_lota/lifecycle/rules":
+            return await self._lifecycle_rules(request)
+        if path == "/_lota/migrations":
+            self._auth.authorize(_view(request), "s3:ListAllMyBuckets", "*")
+            summary = await self._catalog.pending_summary()
+            return web.json_response(migration_report(summary))
+        raise S3Error("InvalidRequest", f"Unknown LOTA admin call {path!r}.", status=404)
+
+    async def _lifecycle_rules(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``GET``/``PUT /_lota/lifecycle/rules``: this node's lifecycle rules, as JSON."""
+        view = _view(request)
+        action = "s3:GetLifecycleConfiguration"
+        if request.method == "PUT":
+            action = "s3:PutLifecycleConfiguration"
+        self._auth.authorize(view, action, "*")
+        if request.method == "PUT":
+            decoder = make_decoder(view, None)
+            body = await read_small_body(
+                request, decoder, RULES_BODY_LIMIT, self._config.body_timeout
+            )
+            try:
+                self._lifecycle.replace(body.decode("utf-8", "replace"))
+            except ConfigError as exc:
+                raise S3Error("InvalidArgument", str(exc)) from exc
+        elif request.method != "GET":
+            raise S3Error("MethodNotAllowed", "Use GET or PUT.")
+        return web.Response(text=self._lifecycle.as_json(), content_type="application/json")
+
+    async def _warm(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``POST /_lota/warm?bucket=B&prefix=P[&concurrency=N]``: progress as JSON lines.
+
+        Needs ``s3:ListBucket`` on the bucket; each object is filled only if its
+        ``s3:GetObject`` is allowed (see :mod:`lota.cache.warm`)."""
+        bucket = request.query.get("bucket", "")
+        if not is_valid_bucket_name(bucket):
+            raise S3Error("InvalidBucketName", "The specified bucket is not valid.")
+        principal = self._auth.authorize(_view(request), "s3:ListBucket", bucket_arn(bucket))
+        concurrency = parse_concurrency(request.query.get("concurrency"))
+
+        def may_read(key: str) -> bool:
+            return principal is None or principal.policy.allows(
+                "s3:GetObject", object_arn(bucket, key)
+            )
+
+        prefix = request.query.get("prefix", "")
+        origin = self._origins.for_bucket(bucket)
+        run = self._cache.warm(origin, bucket, prefix, may_read, concurrency)
+        await run.start()  # a refusal is still an S3 error, before any 200
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        async with contextlib.aclosing(run.progress()) as lines:
+            async for progress in lines:
+                await response.write(progress.as_line())
+        await response.write_eof()
+        return response
+
+
+def _view(request: web.BaseRequest) -> RequestView:
+    raw_path, query = split_target(request.raw_path)
+    return RequestView(request.method, raw_path, query, request.headers)
+
+
+def migration_report(summary: PendingSummary) -> dict[str, float | int]:
+    """``lota migrations`` and ``/_lota/migrations``: the pending summary as JSON."""
+    count, size, oldest, failing = summary
+    return {
+        "pending": count,
+        "pending_bytes": size,
+        "oldest_age_seconds": round(oldest, 1),
+        "failing": failing,
+    }

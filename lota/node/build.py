@@ -1,0 +1,262 @@
+"""The composition root: :func:`build_node` constructs everything a node serves with.
+
+Parts open in order and close in reverse (one :class:`contextlib.AsyncExitStack`)::
+
+    origin session → origin clients (Origins) → pass-through
+      → cache (build_cache: store, fill, read path, warm)       if cache.dirs
+      → catalog (build_catalog: staging, acceleration, migrator,
+                 invalidation events, access times, lifecycle)   if write.catalog
+      → front end (admin, invalidation, routing) → Node
+
+A feature that is not configured is there all the same, switched off
+(:mod:`lota.node.features`): nothing the front end holds is ``None``. On the way out,
+background work stops first (last accesses flushed, fills given the drain time, tasks
+cancelled), then the catalog, the cache and the session close.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import aiohttp
+
+from lota.auth import Authenticator
+from lota.cache.fill import Filler
+from lota.cache.reads import ReadPath, cacheable
+from lota.cache.store import CacheError, CacheStore
+from lota.cache.warm import Warm
+from lota.catalog import open_catalog
+from lota.clock import Clock
+from lota.config import Config, StartupError
+from lota.connections import connection_limits
+from lota.lifecycle.access import AccessRecorder
+from lota.lifecycle.engine import Engine, OriginListing, OriginMover
+from lota.lifecycle.restore import Restores
+from lota.lifecycle.state import LifecycleState
+from lota.logs import AccessLog
+from lota.metrics import LifecycleObserver, Metrics
+from lota.node.admin import Admin
+from lota.node.features import CacheFeature, CatalogFeature
+from lota.node.front import Front
+from lota.node.invalidation import Invalidation, follow_events
+from lota.node.node import Drain, Node
+from lota.passthrough import PassThrough
+from lota.regions.accelerate import Accelerator
+from lota.regions.migrator import Migrator
+from lota.regions.origin import POOL_SIZE, OriginClient
+from lota.regions.origins import Origins
+from lota.regions.staging import Staging
+from lota.regions.writes import RegionalRouter
+from lota.tasks import TaskGroup
+
+
+@asynccontextmanager
+async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIterator[Node]:
+    """The node `config` describes, every part open, ready to :meth:`Node.start`; its parts
+    close when the block ends. `clock` drives cache ages, leases and lifecycle decisions
+    (default: the process clock, which ``LOTA_TIME_OFFSET`` shifts)."""
+    clock = clock or Clock.from_environment()
+    limits = connection_limits(config)  # raises the descriptor limit before files open
+    metrics = Metrics()
+    drain = Drain(config.drain_timeout, metrics)
+    # Signatures are checked and made against the real time, whatever LOTA_TIME_OFFSET
+    # says: clients and origins sign with theirs.
+    auth = Authenticator(config.auth, Clock())
+    lifecycle = LifecycleState(config.lifecycle.rules)
+    access_log = AccessLog()
+    tasks = TaskGroup("node")
+    # Cache fills run on their own: a stop lets them finish within the drain time.
+    fills = TaskGroup("fills")
+    async with AsyncExitStack() as stack:
+        stack.callback(access_log.flush)
+        session = await stack.enter_async_context(_origin_session(config))
+        origins = Origins(config, session, metrics)
+        cache = CacheFeature.off()
+        if config.cache.dirs:
+            restores = Restores(config.lifecycle, tasks)
+            cache = await stack.enter_async_context(
+                build_cache(config, clock, metrics, fills, restores.start)
+            )
+        catalog = CatalogFeature.off()
+        if config.write.catalog:
+            catalog = await stack.enter_async_context(
+                build_catalog(config, clock, metrics, origins, tasks, lifecycle, cache)
+            )
+        stack.push_async_callback(_stop_work, drain, catalog, fills, tasks)
+        front = Front(
+            domain=config.domain,
+            body_timeout=config.body_timeout,
+            auth=auth,
+            metrics=metrics,
+            access_log=access_log,
+            drain=drain,
+            admin=Admin(config, auth, metrics, drain, lifecycle, cache, catalog, origins),
+            origins=origins,
+            passthrough=PassThrough(origins, config.body_timeout),
+            cache=cache,
+            catalog=catalog,
+            invalidation=Invalidation(cache, catalog),
+        )
+        node = Node(config, front.handle, drain, limits, metrics)
+        drain.ready = True
+        yield node
+
+
+async def _stop_work(
+    drain: Drain, catalog: CatalogFeature, fills: TaskGroup, tasks: TaskGroup
+) -> None:
+    """Stop the node's background work, before what it uses closes."""
+    drain.ready = False
+    await catalog.access.close()  # flush the last accesses while the catalog is open
+    # Fills in flight (bytes a client has been sent, or a prefetch) are kept if they end
+    # within the drain time; what is left then is cut, never committed partial.
+    await fills.drain(max(0.0, drain.deadline() - time.monotonic()))
+    await fills.close()
+    await tasks.close()
+
+
+def _origin_session(config: Config) -> aiohttp.ClientSession:
+    """The node's one HTTP session to every origin."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=POOL_SIZE, limit_per_host=POOL_SIZE // 2, ttl_dns_cache=60
+        ),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=config.origin_timeout),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+
+
+# -- The cache components ---------------------------------------------------------------
+# CacheStore, Filler, ReadPath, Deliverer (inside ReadPath) and Warm are constructed here
+# and nowhere else: a change to their constructors is made in this one function.
+
+
+@asynccontextmanager
+async def build_cache(
+    config: Config,
+    clock: Clock,
+    metrics: Metrics,
+    fills: TaskGroup,
+    on_archived: Callable[[OriginClient, str, str], None],
+) -> AsyncIterator[CacheFeature]:
+    """The node's read cache, open (``StartupError`` when a cache dir is in use or
+    unusable: nothing to serve without it); closed on exit."""
+    c = config.cache
+    store = CacheStore(
+        c.dirs,
+        c.size,
+        c.chunk_size,
+        clock=clock,
+        verify=c.verify,
+        pinned=c.pinned,
+        fsync=c.fsync,
+        scrub_interval=c.scrub_interval,
+        high_watermark=c.high_watermark,
+        low_watermark=c.low_watermark,
+    )
+    try:
+        await store.open()
+    except CacheError as exc:
+        raise StartupError(str(exc)) from exc
+    try:
+        # The index just loaded is long-lived: keep the collector from rescanning it.
+        gc.freeze()
+        metrics.watch_store(store)
+        filler = Filler(store, c.chunk_size, metrics, clock, fills)
+        reads = ReadPath(store, filler, c, clock, metrics)
+        if config.lifecycle.restore_on_read:
+            reads.on_archived = on_archived
+
+        def warm(
+            origin: OriginClient,
+            bucket: str,
+            prefix: str,
+            may_read: Callable[[str], bool],
+            concurrency: int,
+        ) -> Warm:
+            return Warm(
+                filler,
+                origin,
+                bucket,
+                prefix,
+                may_read=may_read,
+                metrics=metrics,
+                concurrency=concurrency,
+            )
+
+        try:
+            yield CacheFeature(
+                on=True,
+                cacheable=cacheable,
+                serve=reads.serve,
+                invalidate=store.invalidate,
+                warm=warm,
+            )
+        finally:
+            reads.close()
+    finally:
+        await store.close()
+
+
+# -- The catalog ------------------------------------------------------------------------
+# The catalog and what runs on it are opened here and nowhere else.
+
+
+@asynccontextmanager
+async def build_catalog(
+    config: Config,
+    clock: Clock,
+    metrics: Metrics,
+    origins: Origins,
+    tasks: TaskGroup,
+    lifecycle: LifecycleState,
+    cache: CacheFeature,
+) -> AsyncIterator[CatalogFeature]:
+    """The catalog, with write acceleration, the migrator, the invalidation follower, the
+    access recorder and the lifecycle engine started as `tasks`; closed on exit (the
+    tasks must be stopped by then)."""
+    w = config.write
+    catalog = await open_catalog(w.catalog, clock=clock, node=config.node)
+    try:
+        local = config.regions[config.region]
+        staging = Staging(
+            node=config.node,
+            region=config.region,
+            origins=origins,
+            staging_bucket=local.staging_bucket,
+            local_dir=w.staging_dir if w.staging == "local-disk" else "",
+        )
+        accelerator = Accelerator(
+            catalog,
+            staging,
+            origins.for_bucket,
+            metrics,
+            config.body_timeout,
+        )
+        router = RegionalRouter(config, catalog, accelerator, origins)
+        migrator = Migrator(catalog, staging, origins.for_bucket, w, metrics, clock)
+        tasks.start(migrator.run(), "migrator")
+        if cache.on:
+            tasks.start(follow_events(catalog, cache, config.node), "invalidations")
+        access = AccessRecorder(catalog, clock)
+        access.start(tasks)
+        origin_for = origins.for_bucket
+        engine = Engine(
+            catalog,
+            OriginListing(origin_for),
+            OriginMover(origin_for),
+            config.lifecycle,
+            clock=clock,
+            state=lifecycle,
+            observer=LifecycleObserver(metrics),
+        )
+        if config.lifecycle.interval > 0:
+            tasks.start(engine.run_forever(), "lifecycle")
+        yield CatalogFeature(on=True, catalog=catalog, router=router, access=access)
+    finally:
+        await tasks.close()  # already done, unless the opening failed half-way
+        await catalog.close()

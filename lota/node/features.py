@@ -1,0 +1,145 @@
+"""The node's optional features as always-present objects: the read cache and the catalog.
+
+A node without ``cache.dirs`` still has a :class:`CacheFeature` (:meth:`CacheFeature.off`:
+nothing is cacheable, nothing to invalidate, no cache to warm); a node without a catalog
+still has a :class:`CatalogFeature` (:meth:`CatalogFeature.off`: nothing is routed by the
+catalog, no access is recorded, no event published). The front end asks them without
+checking whether the feature is there; :func:`lota.node.build.build_node` makes the real
+ones. ``on`` says which it is, for the few places that skip work rather than ask (the hit
+path, which must not pay for a feature the node does not have).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+
+from lota.auth.body import BodyDecoder
+from lota.cache.warm import Warm
+from lota.catalog import PendingSummary
+from lota.regions.origin import OriginClient
+from lota.s3.addressing import Target
+from lota.s3.errors import S3Error
+from lota.s3.operations import Operation
+from lota.s3.xml import DeleteRequest
+
+# (origin, bucket, prefix, may_read(key), concurrency): one warm run, not yet started.
+WarmFactory = Callable[[OriginClient, str, str, Callable[[str], bool], int], Warm]
+ServeCached = Callable[[web.BaseRequest, Target, OriginClient], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheFeature:
+    """What the front end asks of the node's read cache (built by
+    :func:`lota.node.build.build_cache`)."""
+
+    on: bool
+    cacheable: Callable[[Target, Mapping[str, str]], bool]
+    """Whether the cache answers this read (else it passes through)."""
+    serve: ServeCached
+    """Answer a cacheable read from the cache, filling it from the origin on a miss."""
+    invalidate: Callable[[str, str], Awaitable[None]]
+    """Drop this node's cached copy of (bucket, key)."""
+    warm: WarmFactory
+
+    @classmethod
+    def off(cls) -> CacheFeature:
+        """A node without a cache: every read passes through."""
+        return cls(on=False, cacheable=_never, serve=_no_cache, invalidate=_nothing, warm=_no_warm)
+
+
+def _never(target: Target, headers: Mapping[str, str]) -> bool:
+    return False
+
+
+async def _no_cache(
+    request: web.BaseRequest, target: Target, origin: OriginClient
+) -> web.StreamResponse:
+    raise AssertionError("no cache to serve from: nothing is cacheable")
+
+
+async def _nothing(bucket: str, key: str) -> None:
+    pass
+
+
+def _no_warm(
+    origin: OriginClient, bucket: str, prefix: str, may_read: Callable[[str], bool], n: int
+) -> Warm:
+    raise S3Error("InvalidRequest", "This node has no cache to warm.")
+
+
+class Regional(Protocol):
+    """The requests the catalog decides (:class:`lota.regions.writes.RegionalRouter`);
+    each answers None when the catalog has no say."""
+
+    async def read(self, request: web.BaseRequest, target: Target) -> web.StreamResponse | None: ...
+
+    async def handle(
+        self, request: web.BaseRequest, target: Target, operation: Operation, decoder: BodyDecoder
+    ) -> web.StreamResponse | None: ...
+
+    async def delete_objects(self, target: Target, deletes: DeleteRequest) -> bytes | None: ...
+
+
+class Accesses(Protocol):
+    """Last-access recording for tiering (:class:`lota.lifecycle.access.AccessRecorder`)."""
+
+    def record(self, bucket: str, key: str, at: float | None = None) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Shared(Protocol):
+    """What the front end tells or asks the catalog itself (:class:`lota.catalog.Catalog`)."""
+
+    async def publish(self, kind: str, bucket: str, key: str, seq: int = 0) -> int: ...
+
+    async def pending_summary(self) -> PendingSummary: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CatalogFeature:
+    """What the catalog serves on this node (built by :func:`lota.node.build.build_catalog`):
+    write acceleration, last accesses and invalidation events for the other nodes."""
+
+    on: bool
+    catalog: Shared
+    router: Regional
+    access: Accesses
+
+    @classmethod
+    def off(cls) -> CatalogFeature:
+        """A node without a catalog: no acceleration, no access times, no events."""
+        return cls(on=False, catalog=_NoCatalog(), router=_NoRouter(), access=_NoAccesses())
+
+
+class _NoRouter:
+    async def read(self, request: web.BaseRequest, target: Target) -> web.StreamResponse | None:
+        return None
+
+    async def handle(
+        self, request: web.BaseRequest, target: Target, operation: Operation, decoder: BodyDecoder
+    ) -> web.StreamResponse | None:
+        return None
+
+    async def delete_objects(self, target: Target, deletes: DeleteRequest) -> bytes | None:
+        return None
+
+
+class _NoAccesses:
+    def record(self, bucket: str, key: str, at: float | None = None) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class _NoCatalog:
+    async def publish(self, kind: str, bucket: str, key: str, seq: int = 0) -> int:
+        return 0
+
+    async def pending_summary(self) -> PendingSummary:
+        raise S3Error("InvalidRequest", "Write acceleration is off on this node.")
