@@ -243,15 +243,15 @@ def _migrations(args: argparse.Namespace) -> int:
     from lota.server import migration_report
 
     config = configuration.load(args.config or os.environ.get("LOTA_CONFIG"))
-    if not config.write.catalog:
+    if not config.catalog.url:
         raise ConfigError(
-            "write acceleration is off: no write.catalog (LOTA_WRITE_CATALOG) to read from"
+            "write acceleration is off: no catalog to read from ([catalog] url, LOTA_CATALOG_URL)"
         )
     report: dict[str, float | int] = {}
 
     async def run() -> None:
         catalog = await open_catalog(
-            config.write.catalog, clock=Clock.from_environment(), node=config.node
+            config.catalog.url, clock=Clock.from_environment(), node=config.node
         )
         try:
             report.update(migration_report(await catalog.pending_summary()))

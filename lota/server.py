@@ -158,7 +158,7 @@ class Node:
         try:
             if self.config.cache.dirs:
                 await self._open_cache()
-            if self.config.write.catalog:
+            if self.config.catalog.url:
                 await self._open_catalog(origins)
         except BaseException:
             await self.__aexit__(None, None, None)  # close what did open (the session...)
@@ -168,7 +168,9 @@ class Node:
 
     async def _open_catalog(self, origins: dict[str, OriginClient]) -> None:
         w = self.config.write
-        self.catalog = await open_catalog(w.catalog, clock=self.clock, node=self.config.node)
+        self.catalog = await open_catalog(
+            self.config.catalog.url, clock=self.clock, node=self.config.node
+        )
         local = self.config.regions[self.config.region]
         staging = Staging(
             node=self.config.node,
