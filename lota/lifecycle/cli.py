@@ -33,6 +33,7 @@ from typing import TextIO
 
 import aiohttp
 
+from lota import config as configuration
 from lota.catalog import open_catalog
 from lota.clock import Clock
 from lota.config import Config, ConfigError
@@ -91,8 +92,6 @@ def parse_now(text: str | None, clock: Clock) -> float:
 
 def load_config(path: str | None) -> tuple[Config, LifecycleConfig]:
     """The config and its ``[lifecycle]`` section."""
-    from lota import config as configuration
-
     config = configuration.load(path or os.environ.get("LOTA_CONFIG"))
     return config, config.lifecycle
 
