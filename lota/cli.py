@@ -18,8 +18,8 @@ from typing import Any
 
 from lota import __version__, logs
 from lota import config as configuration
-from lota.config import Config, ConfigError, StartupError
-from lota.s3.errors import LotaError
+from lota.config import Config
+from lota.errors import ConfigError, LotaError, StartupError
 
 log = logging.getLogger("lota.cli")
 
@@ -153,7 +153,8 @@ async def _embedded_origin(
             "--embedded-origin needs moto, which is not installed: "
             "pip install 'lota[embedded]' (make serve does it), or give --origin URL"
         )
-    from lota.embedded import EmbeddedOrigin, OriginStartError
+    from lota.embedded import EmbeddedOrigin
+    from lota.errors import OriginStartError
     from lota.wan import parse_bandwidth
 
     try:

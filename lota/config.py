@@ -28,12 +28,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from lota.errors import ConfigError, StartupError
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.config import from_toml as lifecycle_from_toml
 from lota.lifecycle.rules import TIERS
 from lota.s3.addressing import is_valid_bucket_name
 from lota.settings import (
-    ConfigError,
     Duration,
     Size,
     coerce,
@@ -44,11 +44,6 @@ from lota.settings import (
 )
 
 __all__ = ["Config", "ConfigError", "StartupError", "load", "parse_duration", "parse_size"]
-
-
-class StartupError(Exception):
-    """LOTA cannot start: the message is the whole line ``lota`` prints (after ``lota: ``)
-    before it exits with status 2, e.g. a cache directory another process holds."""
 
 
 def parse_listen(value: str) -> tuple[str, int]:

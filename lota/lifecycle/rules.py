@@ -51,8 +51,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lota.errors import ConfigError
 from lota.s3.addressing import is_valid_bucket_name
-from lota.settings import ConfigError
 
 TIERS = ("hot", "warm", "cold", "archive")
 DAY = 86400.0

@@ -1,7 +1,7 @@
 """The rules a node's engine uses now: from the config at start, replaceable at runtime.
 
 ``PUT /_lota/lifecycle/rules`` hands its body to :meth:`LifecycleState.replace`; a bad
-document raises :class:`~lota.settings.ConfigError` and leaves the current rules in place.
+document raises :class:`~lota.errors.ConfigError` and leaves the current rules in place.
 The engine takes a snapshot of the rules when a run starts, so a replacement applies from
 the next run on. Rules replaced this way live in this node's memory only: until the
 catalog can share them, send the call to every node (or change the config file).
@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from lota.errors import ConfigError
 from lota.lifecycle.config import rules_from_data
 from lota.lifecycle.rules import Rule
-from lota.settings import ConfigError
 
 
 class LifecycleState:

@@ -11,9 +11,13 @@ reused by further structural assertions (say, "``lota.cache`` imports nothing of
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from collections.abc import Iterator, Mapping, Set
 from functools import cache
 from pathlib import Path
+
+from lota import errors
 
 PACKAGE = Path(__file__).resolve().parents[2] / "lota"
 
@@ -191,3 +195,32 @@ def test_the_import_reader_sees_module_level_imports_only() -> None:
     # ...and lota.cli imports the server only inside the command that serves.
     assert "lota.server" not in imports("lota.cli")
     assert "lota.server" in imports("lota.cli", in_functions=True)
+
+
+def exception_classes() -> dict[str, type[BaseException]]:
+    """Every exception class the package defines, by name, from importing each module
+    (``lota.__main__`` runs the command, so it is left out)."""
+    found: dict[str, type[BaseException]] = {}
+    for name in modules():
+        if name == "lota.__main__":
+            continue
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == name
+            ):
+                found[value.__name__] = value
+    return found
+
+
+def test_every_exception_of_lota_is_a_lota_error_and_is_drawn_in_the_tree() -> None:
+    """lota.errors draws the one error tree; private control-flow signals (a leading
+    underscore) are the only exceptions outside it."""
+    public = {name: cls for name, cls in exception_classes().items() if not name.startswith("_")}
+    assert [name for name, cls in public.items() if not issubclass(cls, errors.LotaError)] == []
+    assert errors.__doc__ is not None
+    drawn = set(re.findall(r"^ {4}([A-Z]\w+)", errors.__doc__, re.M))  # the root
+    drawn |= set(re.findall(r"^ {4}[│ ]*[├└]── ([A-Z]\w+)", errors.__doc__, re.M))
+    assert drawn == set(public)
