@@ -99,8 +99,9 @@ async def lota_with_origin(
             if far is not None:
                 lines += [f'staging_bucket = "{STAGING_BUCKET}"']
                 lines += ["[regions.eu-west]", f'endpoint = "{far.endpoint}"']
-                lines += ["[write]", f'catalog = "sqlite:///{work}/catalog.db"']
-                lines += ['staging_grace = "0s"', "[buckets]", f'"{FAR_BUCKET}" = "eu-west"']
+                lines += ["[catalog]", f'url = "sqlite:///{work}/catalog.db"']
+                lines += ["[write]", 'staging_grace = "0s"']
+                lines += ["[buckets]", f'"{FAR_BUCKET}" = "eu-west"']
                 lines += ["[lifecycle]", 'interval = "0"', "[[lifecycle.rules]]"]
                 lines += ['bucket = "datasets"', 'prefix = "imagenet/"']
                 lines += ['transitions = [{ days_since_last_access = 30, tier = "warm" },']

@@ -82,7 +82,8 @@ def run(a: EmbeddedOrigin, b: EmbeddedOrigin, work: Path, size: int) -> dict[str
     config.write_text(
         'region = "us-east"\n'
         f'[auth]\ncredentials = "{credentials}"\n'
-        f'[write]\ncatalog = "sqlite:///{work}/catalog.db"\nstaging_grace = "0s"\n'
+        f'[catalog]\nurl = "sqlite:///{work}/catalog.db"\n'
+        '[write]\nstaging_grace = "0s"\n'
         f'[regions.us-east]\nendpoint = "{a.endpoint}"\nstaging_bucket = "staging-a"\n'
         f'[regions.eu-west]\nendpoint = "{b.endpoint}"\n'
         '[buckets]\n"far" = "eu-west"\n'

@@ -24,6 +24,7 @@ import aiohttp
 from yarl import URL
 
 from lota.auth.sigv4 import sign_headers
+from lota.errors import WarmFailed
 from lota.http import encode_query
 
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -49,10 +50,6 @@ def signed(method: str, url: str) -> dict[str, str]:
 WARM_OK = 0  # every listed object is in the cache now: filled or already cached
 WARM_ERROR = 1  # no warm, or not to the end: unreachable, refused, stopped early, cut short
 WARM_INCOMPLETE = 3  # it ran to the end, but some objects were denied or failed
-
-
-class WarmFailed(Exception):
-    """The warm did not complete; the message is the line the command prints."""
 
 
 async def warm(endpoint: str, bucket: str, prefix: str, concurrency: int) -> int:

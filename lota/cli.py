@@ -18,8 +18,8 @@ from typing import Any
 
 from lota import __version__, logs
 from lota import config as configuration
-from lota.config import Config, ConfigError, StartupError
-from lota.s3.errors import LotaError
+from lota.config import Config
+from lota.errors import ConfigError, LotaError, StartupError
 
 log = logging.getLogger("lota.cli")
 
@@ -153,7 +153,8 @@ async def _embedded_origin(
             "--embedded-origin needs moto, which is not installed: "
             "pip install 'lota[embedded]' (make serve does it), or give --origin URL"
         )
-    from lota.embedded import EmbeddedOrigin, OriginStartError
+    from lota.embedded import EmbeddedOrigin
+    from lota.errors import OriginStartError
     from lota.testing.wan import parse_bandwidth
 
     try:
@@ -243,15 +244,15 @@ def _migrations(args: argparse.Namespace) -> int:
     from lota.node.admin import migration_report
 
     config = configuration.load(args.config or os.environ.get("LOTA_CONFIG"))
-    if not config.write.catalog:
+    if not config.catalog.url:
         raise ConfigError(
-            "write acceleration is off: no write.catalog (LOTA_WRITE_CATALOG) to read from"
+            "write acceleration is off: no catalog to read from ([catalog] url, LOTA_CATALOG_URL)"
         )
     report: dict[str, float | int] = {}
 
     async def run() -> None:
         catalog = await open_catalog(
-            config.write.catalog, clock=Clock.from_environment(), node=config.node
+            config.catalog.url, clock=Clock.from_environment(), node=config.node
         )
         try:
             report.update(migration_report(await catalog.pending_summary()))

@@ -12,6 +12,8 @@ import os
 import time
 from datetime import UTC, datetime
 
+from lota.settings import parse_duration
+
 
 class Clock:
     """Wall-clock time in seconds since the epoch, shifted by a fixed offset."""
@@ -21,8 +23,6 @@ class Clock:
 
     @classmethod
     def from_environment(cls) -> Clock:
-        from lota.settings import parse_duration
-
         raw = os.environ.get("LOTA_TIME_OFFSET", "").strip()
         if not raw:
             return cls()

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from lota.errors import ConfigError, StartupError
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.config import from_toml as lifecycle_from_toml
 from lota.lifecycle.rules import TIERS
 from lota.s3.addressing import is_valid_bucket_name
 from lota.settings import (
-    ConfigError,
     Duration,
     Size,
     coerce,
@@ -44,11 +44,6 @@ from lota.settings import (
 )
 
 __all__ = ["Config", "ConfigError", "StartupError", "load", "parse_duration", "parse_size"]
-
-
-class StartupError(Exception):
-    """LOTA cannot start: the message is the whole line ``lota`` prints (after ``lota: ``)
-    before it exits with status 2, e.g. a cache directory another process holds."""
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -147,12 +142,23 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WriteConfig:
-    """Cross-region write acceleration: the shared catalog, staging, and the migrator."""
+class CatalogConfig:
+    """The shared catalog: pending cross-region writes, last accesses and tiers, leases,
+    invalidation events. Write acceleration, the lifecycle and cross-node invalidation
+    need it; without one, writes to far buckets go straight to their home origin."""
 
     # "sqlite:////abs/path.db" (embedded; one machine) or "postgresql://..." (a cluster).
-    # Empty: no catalog, writes to far buckets go straight to their home origin.
-    catalog: str = ""
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        if self.url and not self.url.startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ConfigError("catalog.url must be a sqlite:// or postgresql:// URL")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteConfig:
+    """Cross-region write acceleration (with a catalog): staging, and the migrator."""
+
     # "bucket": the local region's staging_bucket (durable, readable from every node);
     # "local-disk": `staging_dir` on this node (single-node use: lost with the disk).
     staging: Literal["bucket", "local-disk"] = "bucket"
@@ -172,10 +178,6 @@ class WriteConfig:
             raise ConfigError('write.staging must be "bucket" or "local-disk"')
         if self.staging == "local-disk" and not self.staging_dir:
             raise ConfigError('write.staging = "local-disk" needs write.staging_dir')
-        if self.catalog and not self.catalog.startswith(
-            ("sqlite://", "postgresql://", "postgres://")
-        ):
-            raise ConfigError("write.catalog must be a sqlite:// or postgresql:// URL")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,6 +189,7 @@ class Config:
     domain: str = "lota.local"
     cache: CacheConfig = field(default_factory=CacheConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    catalog: CatalogConfig = field(default_factory=CatalogConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     # This node's name in the catalog (leases, local-disk staging); defaults to the hostname.
@@ -256,7 +259,7 @@ class Config:
                 '(make one with `lota credentials new FILE`), or auth.mode = "none" on a '
                 "trusted network"
             )
-        if self.write.catalog and self.write.staging == "bucket":
+        if self.accelerates_writes and self.write.staging == "bucket":
             local = self.regions.get(self.region)
             if local is None or not local.staging_bucket:
                 raise ConfigError(
@@ -264,9 +267,16 @@ class Config:
                     '(or write.staging = "local-disk")'
                 )
 
+    @property
+    def accelerates_writes(self) -> bool:
+        """Whether write acceleration is on: a catalog, and a bucket homed in another
+        region (every bucket not listed is homed in ``buckets.default_region``)."""
+        homes = {self.default_region, *self.bucket_regions.values()}
+        return bool(self.catalog.url) and bool(homes - {self.region})
+
     def accelerated(self, bucket: str) -> bool:
         """Whether writes to `bucket` take the write-acceleration path on this node."""
-        return bool(self.write.catalog) and self.home_region(bucket).name != self.region
+        return bool(self.catalog.url) and self.home_region(bucket).name != self.region
 
     def home_region(self, bucket: str) -> RegionConfig:
         """The region whose origin holds `bucket`."""
@@ -280,11 +290,15 @@ class Config:
 # ``LOTA_*`` variables that are not settings: which file, which node a client command talks
 # to, and the test clock (lota.clock).
 NOT_SETTINGS = frozenset({"LOTA_CONFIG", "LOTA_ENDPOINT", "LOTA_TIME_OFFSET"})
-# Variables that were renamed when every setting got its variable by one rule.
-RENAMED = {"LOTA_CATALOG": "LOTA_WRITE_CATALOG"}
+# Variables that were renamed: when every setting got its variable by one rule, and when
+# the catalog got its own section.
+RENAMED = {"LOTA_CATALOG": "LOTA_CATALOG_URL", "LOTA_WRITE_CATALOG": "LOTA_CATALOG_URL"}
+# Settings of the file that were renamed: old path -> how the error names the new one.
+RENAMED_SETTINGS = {"write.catalog": "[catalog] url (LOTA_CATALOG_URL)"}
 _SECTIONS: dict[str, type] = {
     "cache": CacheConfig,
     "auth": AuthConfig,
+    "catalog": CatalogConfig,
     "write": WriteConfig,
     "lifecycle": LifecycleConfig,
 }
@@ -417,10 +431,22 @@ def _place(raw: dict[str, Any], dotted: str, value: Any) -> None:
         table[key] = value
 
 
+def _refuse_renamed(raw: Mapping[str, Any]) -> None:
+    """A setting written under its old name is an error naming the new one, rather than
+    silently doing nothing (or an "unknown setting" that does not say where it went)."""
+    for old, new in RENAMED_SETTINGS.items():
+        section, key = old.split(".")
+        table = raw.get(section)
+        if isinstance(table, Mapping) and key in table:
+            raise ConfigError(f"{old} has moved: set {new}")
+
+
 def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
     raw = dict(raw)
+    _refuse_renamed(raw)
     try:
         cache = _cache(raw.pop("cache", {}))
+        catalog = CatalogConfig(**section_values(raw.pop("catalog", {}), CatalogConfig, "catalog."))
         write = WriteConfig(**section_values(raw.pop("write", {}), WriteConfig, "write."))
         lifecycle = lifecycle_from_toml(raw.pop("lifecycle", {}))
         auth = AuthConfig(**section_values(raw.pop("auth", {}), AuthConfig, "auth."))
@@ -446,6 +472,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
         )
         return Config(
             region=region,
+            catalog=catalog,
             write=write,
             lifecycle=lifecycle,
             cache=cache,

@@ -45,6 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from lota.errors import OriginStartError
 from lota.testing.wan import WanLink, format_bandwidth
 
 _log = logging.getLogger("lota.embedded")
@@ -54,10 +55,6 @@ READY_TIMEOUT = 30.0
 STOP_GRACE = 5.0
 _PROBE_TIMEOUT = 2.0
 _LOG_TAIL_BYTES = 4000
-
-
-class OriginStartError(RuntimeError):
-    """moto could not be started or did not answer in time; the message ends with its log tail."""
 
 
 class _MotoProcess:

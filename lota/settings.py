@@ -7,7 +7,8 @@ count), ``Duration`` (``"30s"``, ``"5m"``, ``"60d"``, seconds), ``int``, ``float
 string into that kind, so the file and the environment accept the same things and a
 bad value is refused naming where it came from.
 
-This module imports nothing of LOTA's, so every config module can use it.
+This module imports nothing of LOTA's but :mod:`lota.errors` (for :class:`ConfigError`),
+so every config module can use it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import dataclasses
 import re
 from collections.abc import Collection, Mapping
 from typing import Any
+
+from lota.errors import ConfigError
 
 # Annotations for config fields: the type checker sees int/float, coerce() the name.
 Size = int
@@ -40,10 +43,6 @@ _SIZE_UNITS = {
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message says which setting and why."""
 
 
 def parse_size(value: str | int) -> int:

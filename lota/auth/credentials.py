@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lota.auth.policy import Policy
-from lota.settings import ConfigError
+from lota.errors import ConfigError
 
 _FIELDS = frozenset({"name", "access_key_id", "secret_access_key", "policy"})
 _REQUIRED = ("name", "access_key_id", "secret_access_key")

@@ -10,7 +10,7 @@
 - :mod:`lota.cache.reads`, :mod:`lota.cache.fill`, :mod:`lota.cache.deliver`,
   :mod:`lota.cache.warm`: the read path on top of the store.
 
-Errors (under :class:`lota.s3.errors.LotaError`)::
+Errors (under :class:`lota.errors.LotaError`, where the whole tree is drawn)::
 
     CacheError              the store cannot open: a dir or the index is unusable
     ├── CacheDirInUse       another process holds a cache directory's lock

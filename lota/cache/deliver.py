@@ -22,7 +22,7 @@ from lota.cache.store import CachedObject, read_resident
 from lota.http import sent_beside
 from lota.metrics import Metrics
 from lota.regions.origin import OriginClient
-from lota.s3.errors import OriginError
+from lota.s3.errors import LotaError, OriginError
 
 PIECE = 1024 * 1024
 # A read this small costs less on the event loop than handed to a thread, when the page
@@ -33,7 +33,7 @@ SENDFILE_MIN = 1024 * 1024
 MAX_ATTEMPTS = 3
 
 
-class ChunkUnreadable(OSError):
+class ChunkUnreadable(LotaError, OSError):
     """A cached chunk turned out short, or unreadable (EIO), while being sent."""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 import xxhash
 
 from lota.cache.layout import DIR_BYTES
+from lota.errors import LotaError
 
 _READ_BUFFER = 1024 * 1024
 _GONE = (errno.ENOENT, errno.ENOTDIR)
@@ -25,11 +26,11 @@ LOCK_NAME = "lota.lock"
 """In each cache directory: held (flock) by the one process that uses the directory."""
 
 
-class ChunkDamaged(Exception):
+class ChunkDamaged(LotaError):
     """A chunk file does not hold the bytes its index row promises (length or digest)."""
 
 
-class DirLocked(Exception):
+class DirLocked(LotaError):
     """Another process holds the lock of a cache directory; `holder` says which, as it
     wrote it there ("pid 1234 on host h"), or "another process" if it has not yet."""
 

@@ -34,7 +34,7 @@ from lota.metrics import Metrics
 from lota.regions.origin import OriginClient
 from lota.s3 import conditions
 from lota.s3.addressing import Target
-from lota.s3.errors import OriginError, S3Error, s3_error
+from lota.s3.errors import LotaError, OriginError, S3Error, s3_error
 from lota.s3.ranges import content_range, parse_range
 
 log = logging.getLogger("lota.cache")
@@ -68,7 +68,7 @@ def cacheable(target: Target, headers: Mapping[str, str]) -> bool:
     return not any(name in headers for name in _SSE_C_HEADERS)
 
 
-class ObjectChanged(Exception):
+class ObjectChanged(LotaError):
     """The origin's object is no longer the one the cache entry describes."""
 
 

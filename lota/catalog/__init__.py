@@ -26,7 +26,7 @@ Usage::
 
 Errors (every database or network error is translated once, where it enters)::
 
-    LotaError                       lota.s3.errors
+    LotaError                       lota.errors (the whole tree is drawn there)
     └── CatalogError                a catalog operation failed (bad URL, SQL error, closed)
         ├── CatalogUnavailable      the database is unreachable or stayed locked: transient,
         │                           retry later (a write path answers 503 ServiceUnavailable)
@@ -39,7 +39,6 @@ Errors (every database or network error is translated once, where it enters)::
 from __future__ import annotations
 
 from lota.catalog.base import Catalog, CatalogSettings, CatalogURL, parse_url
-from lota.catalog.errors import CatalogError, CatalogUnavailable, CatalogVersionError
 from lota.catalog.events import EventStream
 from lota.catalog.model import (
     AccessRecord,
@@ -52,6 +51,7 @@ from lota.catalog.model import (
     retry_delay,
 )
 from lota.clock import Clock
+from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError
 
 __all__ = [
     "AccessRecord",

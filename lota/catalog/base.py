@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from lota.catalog.errors import CatalogError
 from lota.catalog.events import EventStream, Waker
 from lota.catalog.model import AccessRecord, CatalogObject, Event, PendingObject, PendingSummary
 from lota.clock import Clock
+from lota.errors import CatalogError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Protocol
 
-from lota.catalog.errors import CatalogError
 from lota.catalog.model import Event
+from lota.errors import CatalogError
 
 log = logging.getLogger("lota.catalog")
 

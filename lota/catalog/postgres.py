@@ -24,7 +24,6 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 
 from lota.catalog.base import Catalog, CatalogSettings
-from lota.catalog.errors import CatalogError, CatalogUnavailable, CatalogVersionError
 from lota.catalog.events import Waker
 from lota.catalog.model import (
     OBJECT_COLUMNS,
@@ -47,6 +46,7 @@ from lota.catalog.schema import (
     to_apply,
 )
 from lota.clock import Clock
+from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError
 
 log = logging.getLogger("lota.catalog")
 

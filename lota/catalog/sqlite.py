@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from lota.catalog.base import Catalog, CatalogSettings
-from lota.catalog.errors import CatalogError, CatalogUnavailable, CatalogVersionError
 from lota.catalog.events import Waker
 from lota.catalog.model import (
     INSERT_COLUMNS,
@@ -40,6 +39,7 @@ from lota.catalog.model import (
 )
 from lota.catalog.schema import LATEST_VERSION, SQLITE_VERSION_TABLE, to_apply
 from lota.clock import Clock
+from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError
 from lota.threads import run_in_thread
 
 log = logging.getLogger("lota.catalog")

@@ -10,5 +10,6 @@ A cache hides reads from the origin, so LOTA records the reads and writes it ser
 - :mod:`~lota.lifecycle.engine`  :class:`Engine`: list, plan, copy in place, under a lease
 - :mod:`~lota.lifecycle.cli`     ``lota lifecycle plan`` and ``lota lifecycle run``
 
-This package imports nothing at import time: :mod:`lota.config` imports its ``config``.
+:mod:`lota.config` imports ``config`` (and through it ``rules``); they import nothing of
+the configuration but :mod:`lota.settings`, so there is no cycle to dodge.
 """

@@ -17,7 +17,8 @@ signatures of origin requests keep the process clock, so a plan for next year do
 take the lease for a year.
 
 The lifecycle needs the catalog (access times and tiers live there): the config must set
-``write.catalog``. Configuration problems raise :class:`lota.config.ConfigError`.
+``[catalog] url`` (no staging bucket: that is for write acceleration). Configuration
+problems raise :class:`lota.config.ConfigError`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import TextIO
 
 import aiohttp
 
+from lota import config as configuration
 from lota.catalog import open_catalog
 from lota.clock import Clock
 from lota.config import Config, ConfigError
@@ -90,8 +92,6 @@ def parse_now(text: str | None, clock: Clock) -> float:
 
 def load_config(path: str | None) -> tuple[Config, LifecycleConfig]:
     """The config and its ``[lifecycle]`` section."""
-    from lota import config as configuration
-
     config = configuration.load(path or os.environ.get("LOTA_CONFIG"))
     return config, config.lifecycle
 
@@ -102,15 +102,15 @@ async def open_engine(config_path: str | None) -> AsyncIterator[tuple[Engine, Cl
     process clock; closed on exit."""
     config, lifecycle = load_config(config_path)
     config.require_origin()
-    if not config.write.catalog:
+    if not config.catalog.url:
         raise ConfigError(
             "the lifecycle needs the catalog (last accesses and tiers live there): "
-            "set write.catalog"
+            "set [catalog] url (LOTA_CATALOG_URL)"
         )
     if not lifecycle.rules:
         print("lota lifecycle: no [[lifecycle.rules]] in the config", file=sys.stderr)
     clock = Clock.from_environment()
-    catalog = await open_catalog(config.write.catalog, clock=clock, node=config.node)
+    catalog = await open_catalog(config.catalog.url, clock=clock, node=config.node)
     try:
         async with aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300),

@@ -28,8 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lota.errors import ConfigError
 from lota.lifecycle.rules import DEFAULT_MIN_SIZE, TIERS, Rule, Tiers, Transition
-from lota.settings import ConfigError, Duration, parse_size, section_values
+from lota.settings import Duration, parse_size, section_values
 
 _RULE_KEYS = frozenset({"bucket", "prefix", "min_size", "keep_latest", "transitions"})
 _TRANSITION_KEYS = frozenset({"days_since_last_access", "tier"})

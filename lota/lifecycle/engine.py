@@ -36,7 +36,7 @@ one in its class (pair it with an origin rule that expires noncurrent versions);
 encrypted with customer keys (SSE-C) cannot be copied and fail; a multipart copy gives the
 object a new ETag.
 
-Errors::
+Errors (:mod:`lota.errors`)::
 
     LotaError
     ├── OriginError     one object could not be moved: counted and logged, the run goes
@@ -63,6 +63,7 @@ from urllib.parse import quote
 
 from lota.catalog import AccessRecord, Catalog, CatalogError
 from lota.clock import Clock
+from lota.errors import LeaseLost, OriginError
 from lota.http import uri_encode
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.rules import (
@@ -76,7 +77,6 @@ from lota.lifecycle.rules import (
 from lota.lifecycle.state import LifecycleState
 from lota.regions.listing import parse_origin_page
 from lota.regions.origin import OriginClient
-from lota.s3.errors import LotaError, OriginError
 from lota.s3.xml import S3_NS_PREFIX
 from lota.tasks import TaskGroup
 
@@ -97,10 +97,6 @@ _KEPT_HEADERS = (
     "x-amz-server-side-encryption",
     "x-amz-server-side-encryption-aws-kms-key-id",
 )
-
-
-class LeaseLost(LotaError):
-    """Another node holds the lifecycle lease now; this run must stop."""
 
 
 # -- the two ends the engine talks to --------------------------------------------------------

@@ -51,6 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lota.errors import ConfigError
 from lota.s3.addressing import is_valid_bucket_name
 
 TIERS = ("hot", "warm", "cold", "archive")
@@ -59,13 +60,6 @@ DEFAULT_MIN_SIZE = 128 * 1024
 _RANK = {tier: rank for rank, tier in enumerate(TIERS)}
 _STORAGE_CLASS = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _NEVER = -math.inf
-
-
-def _error(message: str) -> Exception:
-    # lota.config imports this package: look the error class up when it is needed.
-    from lota.config import ConfigError
-
-    return ConfigError(message)
 
 
 def rank(tier: str) -> int:
@@ -87,7 +81,7 @@ class Tiers:
         tiers_of: dict[str, tuple[str, ...]] = {}
         for tier in TIERS:
             if not _STORAGE_CLASS.fullmatch(getattr(self, tier)):
-                raise _error(f"lifecycle.tiers.{tier}: {getattr(self, tier)!r} is not a class")
+                raise ConfigError(f"lifecycle.tiers.{tier}: {getattr(self, tier)!r} is not a class")
             tiers_of[getattr(self, tier)] = (*tiers_of.get(getattr(self, tier), ()), tier)
         object.__setattr__(self, "_tiers_of", tiers_of)
 
@@ -128,22 +122,22 @@ class Rule:
     def __post_init__(self) -> None:
         where = f"lifecycle rule {self.bucket}/{self.prefix}"
         if not is_valid_bucket_name(self.bucket):
-            raise _error(f"{where}: {self.bucket!r} is not a valid bucket name")
+            raise ConfigError(f"{where}: {self.bucket!r} is not a valid bucket name")
         if self.prefix.startswith("/"):
-            raise _error(f"{where}: prefix must not start with '/'")
+            raise ConfigError(f"{where}: prefix must not start with '/'")
         if self.min_size < 0 or self.keep_latest < 0:
-            raise _error(f"{where}: min_size and keep_latest must not be negative")
+            raise ConfigError(f"{where}: min_size and keep_latest must not be negative")
         if self.keep_latest and self.prefix and not self.prefix.endswith("/"):
-            raise _error(f"{where}: keep_latest needs a prefix that ends in '/' (a directory)")
+            raise ConfigError(f"{where}: keep_latest needs a prefix that ends in '/' (a directory)")
         steps = tuple(sorted(self.transitions, key=lambda t: t.days))
         for step in steps:
             if step.tier not in _RANK or step.tier == "hot":
-                raise _error(f"{where}: transition tier must be warm, cold or archive")
+                raise ConfigError(f"{where}: transition tier must be warm, cold or archive")
             if not step.days >= 0:
-                raise _error(f"{where}: days_since_last_access must not be negative")
+                raise ConfigError(f"{where}: days_since_last_access must not be negative")
         for earlier, later in itertools.pairwise(steps):
             if earlier.days == later.days or rank(earlier.tier) >= rank(later.tier):
-                raise _error(f"{where}: transitions must go colder as the days grow")
+                raise ConfigError(f"{where}: transitions must go colder as the days grow")
         object.__setattr__(self, "transitions", steps)
         parts = re.split(r"(\*)", self.prefix)
         regex = "".join("[^/]*" if part == "*" else re.escape(part) for part in parts)

@@ -5,7 +5,7 @@ Parts open in order and close in reverse (one :class:`contextlib.AsyncExitStack`
     origin session → origin clients (Origins) → pass-through
       → cache (build_cache: store, fill, read path, warm)       if cache.dirs
       → catalog (build_catalog: staging, acceleration, migrator,
-                 invalidation events, access times, lifecycle)   if write.catalog
+                 invalidation events, access times, lifecycle)   if catalog.url
       → front end (admin, invalidation, routing) → Node
 
 A feature that is not configured is there all the same, switched off
@@ -81,7 +81,7 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
                 build_cache(config, clock, metrics, fills, restores.start)
             )
         catalog = CatalogFeature.off()
-        if config.write.catalog:
+        if config.catalog.url:
             catalog = await stack.enter_async_context(
                 build_catalog(config, clock, metrics, origins, tasks, lifecycle, cache)
             )
@@ -220,7 +220,7 @@ async def build_catalog(
     access recorder and the lifecycle engine started as `tasks`; closed on exit (the
     tasks must be stopped by then)."""
     w = config.write
-    catalog = await open_catalog(w.catalog, clock=clock, node=config.node)
+    catalog = await open_catalog(config.catalog.url, clock=clock, node=config.node)
     try:
         local = config.regions[config.region]
         staging = Staging(

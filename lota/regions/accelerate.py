@@ -320,13 +320,13 @@ def encode_upload_id(staging_key: str, upload: str, headers: Mapping[str, str]) 
 
 def decode_upload_id(upload_id: str) -> tuple[str, str, dict[str, str]]:
     if not upload_id.startswith(UPLOAD_ID_TAG):
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.", status=404)
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.")
     try:
         text = upload_id[len(UPLOAD_ID_TAG) :]
         data = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         return str(data["k"]), str(data["u"]), {str(k): str(v) for k, v in data["h"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not ours, or forged
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.", status=404) from exc
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.") from exc
 
 
 def is_accelerated_upload(upload_id: str) -> bool:

@@ -40,7 +40,7 @@ POOL_SIZE = 512
 Body = bytes | AsyncIterable[bytes] | None
 
 
-class BodyFailed(Exception):
+class BodyFailed(LotaError):
     """Raised inside aiohttp when the request body source failed; carries the real cause."""
 
 

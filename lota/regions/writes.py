@@ -56,7 +56,6 @@ def _still_migrating() -> S3Error:
     return S3Error(
         "ServiceUnavailable",
         "An earlier write of this key is still on its way to its home region; retry shortly.",
-        status=503,
     )
 
 

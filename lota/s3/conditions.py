@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
+from lota.errors import LotaError
 from lota.s3.errors import S3Error
 
 
-class NotModified(Exception):
+class NotModified(LotaError):
     """The client's copy is current: answer 304 with the object's headers and no body."""
 
 

@@ -1,28 +1,29 @@
-"""The one error tree of LOTA. Every error that reaches a client is an :class:`S3Error`.
+"""S3 errors as the client sees them: the one table of S3 error codes, and :class:`S3Error`.
 
-::
-
-    LotaError                       anything LOTA raises on purpose
-    ├── S3Error                     reaches the client as S3 XML: status + Code + Message
-    │   ├── client errors (4xx)     InvalidRequest, InvalidArgument, InvalidRange,
-    │   │                           InvalidBucketName, KeyTooLongError, AccessDenied,
-    │   │                           SignatureDoesNotMatch, InvalidAccessKeyId, ...
-    │   ├── server errors (5xx)     ServiceUnavailable (origin unreachable), InternalError
-    │   └── Refused (lota.auth)     an authentication or authorization failure, also naming
-    │                               the operation and principal for the access log
-    └── OriginError                 the origin could not be reached or broke off mid-stream;
-                                    translated once, at the boundary, to ServiceUnavailable
-                                    or an aborted response
-
-Errors are built with :func:`s3_error` (or the named helpers below) so that each S3 code
-has exactly one status. Foreign exceptions are translated once, where they enter
-(``raise s3_error(...) from exc``); ``asyncio.CancelledError`` is never caught.
+Every error that reaches a client is an :class:`S3Error`, rendered as S3 XML with the
+status the table below gives its code. Build them with :func:`s3_error` (or the named
+helpers below) so that each S3 code has exactly one status. :class:`LotaError` and
+:class:`OriginError` are defined in :mod:`lota.errors`, where the whole error tree is
+drawn, and can be imported from here too.
 """
 
 from __future__ import annotations
 
 import re
 from xml.sax.saxutils import escape
+
+from lota.errors import LotaError, OriginError
+
+__all__ = [
+    "STATUS",
+    "LotaError",
+    "OriginError",
+    "S3Error",
+    "access_denied",
+    "invalid_argument",
+    "invalid_request",
+    "s3_error",
+]
 
 # S3 error code -> HTTP status, from the S3 API reference "List of error codes".
 STATUS: dict[str, int] = {
@@ -38,16 +39,19 @@ STATUS: dict[str, int] = {
     "InvalidArgument": 400,
     "InvalidBucketName": 400,
     "InvalidDigest": 400,
+    "InvalidPartNumber": 416,
     "InvalidRange": 416,
     "InvalidRequest": 400,
     "InvalidURI": 400,
     "KeyTooLongError": 400,
+    "MalformedTrailerError": 400,
     "MalformedXML": 400,
     "MethodNotAllowed": 405,
     "MissingContentLength": 411,
     "MissingSecurityHeader": 400,
     "NoSuchBucket": 404,
     "NoSuchKey": 404,
+    "NoSuchUpload": 404,
     "NotImplemented": 501,
     "PreconditionFailed": 412,
     "RequestHeaderSectionTooLarge": 400,
@@ -58,10 +62,6 @@ STATUS: dict[str, int] = {
     "SlowDown": 503,
     "XAmzContentSHA256Mismatch": 400,
 }
-
-
-class LotaError(Exception):
-    """Base of every error LOTA raises on purpose."""
 
 
 class S3Error(LotaError):
@@ -117,10 +117,6 @@ def _visible(match: re.Match[str]) -> str:
     if 0xDC80 <= code <= 0xDCFF:  # a byte decoded with surrogateescape
         return f"%{code - 0xDC00:02X}"
     return "\ufffd"
-
-
-class OriginError(LotaError):
-    """The origin could not be reached, or a response from it broke off."""
 
 
 def s3_error(code: str, message: str, **kwargs: object) -> S3Error:

@@ -162,7 +162,13 @@ def test_embedded_origin_without_moto_is_one_line_and_exit_2(tmp_path: Path) -> 
             {"LOTA_CATALOG": "sqlite:////tmp/x.db"},
             "lota: configuration error: unknown variable LOTA_CATALOG: settings come from "
             "LOTA_<SECTION>_<KEY> (see the configuration reference in the README); "
-            "did you mean LOTA_WRITE_CATALOG?",
+            "did you mean LOTA_CATALOG_URL?",
+        ),
+        (
+            {"LOTA_WRITE_CATALOG": "sqlite:////tmp/x.db"},
+            "lota: configuration error: unknown variable LOTA_WRITE_CATALOG: settings come from "
+            "LOTA_<SECTION>_<KEY> (see the configuration reference in the README); "
+            "did you mean LOTA_CATALOG_URL?",
         ),
         (
             {"LOTA_CACHE_DIRS": "/tmp/a:/tmp/b"},
@@ -184,15 +190,26 @@ def test_a_bad_variable_refuses_start_up_in_one_line(
     assert one_line_error(done) == expected
 
 
+def test_the_old_write_catalog_setting_refuses_start_up_in_one_line_naming_the_new_one(
+    origin: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "lota.toml"
+    config.write_text(f'[write]\ncatalog = "sqlite:///{tmp_path}/catalog.db"\n')
+    done = lota("serve", "--config", str(config), env={"LOTA_ORIGIN": origin})
+    assert one_line_error(done) == (
+        "lota: configuration error: write.catalog has moved: set [catalog] url (LOTA_CATALOG_URL)"
+    )
+
+
 def test_migrations_and_lifecycle_plan_need_no_client_credentials(tmp_path: Path) -> None:
     catalog = f"sqlite:///{tmp_path}/catalog.db"
-    migrations = lota("migrations", env={"LOTA_WRITE_CATALOG": catalog})
+    migrations = lota("migrations", env={"LOTA_CATALOG_URL": catalog})
     assert migrations.returncode == 0, migrations.stderr
     assert migrations.stdout.startswith("pending: 0 versions, 0 bytes")
     nothing = lota("migrations")
     assert one_line_error(nothing) == (
-        "lota: configuration error: write acceleration is off: no write.catalog "
-        "(LOTA_WRITE_CATALOG) to read from"
+        "lota: configuration error: write acceleration is off: no catalog to read from "
+        "([catalog] url, LOTA_CATALOG_URL)"
     )
 
 
@@ -202,7 +219,7 @@ def test_lifecycle_plan_says_when_nothing_would_move(
     origin_s3.put_object(Bucket=bucket, Key="runs/1/small.bin", Body=b"x" * 100)
     rules = [{"bucket": bucket, "transitions": [{"days_since_last_access": 0, "tier": "cold"}]}]
     env = {
-        "LOTA_WRITE_CATALOG": f"sqlite:///{tmp_path}/catalog.db",
+        "LOTA_CATALOG_URL": f"sqlite:///{tmp_path}/catalog.db",
         "LOTA_ORIGIN": origin,
         "AWS_ACCESS_KEY_ID": "lota-origin",
         "AWS_SECRET_ACCESS_KEY": "lota-origin-secret",

@@ -99,7 +99,7 @@ def write_config(path: Path, node: str, catalog_url: str, endpoint: str, tmp: Pa
     path.write_text(
         f'node = "{node}"\n'
         '[auth]\nmode = "none"\n'
-        f'[write]\ncatalog = "{catalog_url}"\nstaging = "local-disk"\nstaging_dir = "{tmp}/st"\n'
+        f'[catalog]\nurl = "{catalog_url}"\n'
         f'[regions.us-east]\nendpoint = "{endpoint}"\n'
         'access_key_id = "lota-origin"\nsecret_access_key = "lota-origin-secret"\n'
         '[lifecycle]\ninterval = "0"\nrate = 0\n'
@@ -374,7 +374,7 @@ def test_reads_served_by_a_node_cache_hits_included_count_as_accesses_head_and_l
     config.write_text(
         f'[cache]\ndirs = ["{tmp_path}/cache"]\nsize = "1GiB"\nrevalidate_after = "1h"\n'
         f'[auth]\ncredentials = "{credentials_file}"\n'
-        f'[write]\ncatalog = "{catalog_url}"\nstaging = "local-disk"\nstaging_dir = "{tmp_path}/staging"\n'
+        f'[catalog]\nurl = "{catalog_url}"\n'
         f'[lifecycle]\ninterval = "0"\n'
         f'[regions.us-east]\nendpoint = "{origin}"\n'
     )
@@ -402,6 +402,57 @@ def test_reads_served_by_a_node_cache_hits_included_count_as_accesses_head_and_l
             await catalog.close()
 
     asyncio.run(check())
+
+
+def test_a_single_region_node_with_a_catalog_and_rules_but_no_staging_bucket_serves_and_plans(
+    origin: str, origin_s3: Any, credentials_file: Path, tmp_path: Path
+) -> None:
+    """Issue #11: the catalog is its own section. Lifecycle alone (one region, no staging
+    bucket, default bucket staging) used to be refused at start for want of a staging
+    bucket; now the node starts, writes go home directly, and `lota lifecycle plan` runs."""
+    import subprocess
+    import sys
+
+    from tests.conftest import client_for
+
+    origin_s3.create_bucket(Bucket="tiered")
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'[auth]\ncredentials = "{credentials_file}"\n'
+        f'[catalog]\nurl = "sqlite:///{tmp_path}/catalog.db"\n'
+        '[lifecycle]\ninterval = "0"\n'
+        '[[lifecycle.rules]]\nbucket = "tiered"\nmin_size = "0"\n'
+        'transitions = [ { days_since_last_access = 60, tier = "archive" } ]\n'
+        f'[regions.us-east]\nendpoint = "{origin}"\n'
+    )
+    node = LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log").start()
+    try:
+        s3 = client_for(node.url)
+        s3.put_object(Bucket="tiered", Key="model.pt", Body=b"w" * 1000)
+        assert s3.get_object(Bucket="tiered", Key="model.pt")["Body"].read() == b"w" * 1000
+        # Not accelerated: the write is at the origin already, nothing waits to migrate.
+        assert origin_s3.head_object(Bucket="tiered", Key="model.pt")["ContentLength"] == 1000
+    finally:
+        assert node.stop() == 0
+
+    def lota(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "lota", *args, "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=node.env,
+            check=False,
+        )
+
+    pending = lota("migrations")
+    assert (pending.returncode, pending.stdout.split(";")[0]) == (0, "pending: 0 versions, 0 bytes")
+    soon, later = (iso(time.time() + days * DAY) for days in (30, 90))
+    assert "nothing would move" in lota("lifecycle", "plan", "--now", soon).stdout
+    plan = lota("lifecycle", "plan", "--now", later)
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.startswith("tiered\tmodel.pt\thot\tarchive\t"), plan.stdout
+    assert len(plan.stdout.splitlines()) == 1
 
 
 @pytest.mark.parametrize("restore_on_read", [False, True])

@@ -54,7 +54,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "auth.mode": ("none", lambda c: c.auth.mode == "none"),
     "auth.credentials": ("/etc/lota/creds.toml", lambda c: c.auth.credentials.endswith("s.toml")),
     "auth.max_skew": ("5m", lambda c: c.auth.max_skew == 300.0),
-    "write.catalog": ("sqlite:////tmp/c.db", lambda c: c.write.catalog == "sqlite:////tmp/c.db"),
+    "catalog.url": ("sqlite:////tmp/c.db", lambda c: c.catalog.url == "sqlite:////tmp/c.db"),
     "write.staging": ("local-disk", lambda c: c.write.staging == "local-disk"),
     "write.staging_dir": ("/nvme0/staging", lambda c: c.write.staging_dir == "/nvme0/staging"),
     "write.migrate_concurrency": ("16", lambda c: c.write.migrate_concurrency == 16),
@@ -104,7 +104,7 @@ def test_every_setting_is_covered_and_its_variable_follows_the_rule() -> None:
     assert variables["cache.chunk_size"] == "LOTA_CACHE_CHUNK_SIZE"
     assert variables["lifecycle.tiers.archive"] == "LOTA_LIFECYCLE_TIERS_ARCHIVE"
     assert variables["buckets.default_region"] == "LOTA_BUCKETS_DEFAULT_REGION"
-    assert variables["write.catalog"] == "LOTA_WRITE_CATALOG"
+    assert variables["catalog.url"] == "LOTA_CATALOG_URL"
 
 
 @pytest.mark.parametrize("path", [p for p, (_, check) in SAMPLES.items() if check])
@@ -172,7 +172,8 @@ def test_a_bad_value_in_a_variable_is_refused_naming_it(
 @pytest.mark.parametrize(
     ("variable", "hint"),
     [
-        ("LOTA_CATALOG", "did you mean LOTA_WRITE_CATALOG?"),
+        ("LOTA_CATALOG", "did you mean LOTA_CATALOG_URL?"),
+        ("LOTA_WRITE_CATALOG", "did you mean LOTA_CATALOG_URL?"),
         ("LOTA_CACHE_READAHAED", "did you mean LOTA_CACHE_READAHEAD?"),
         ("LOTA_REGIONS_EU_ENDPIONT", ""),
         ("LOTA_WHATEVER", ""),
@@ -222,11 +223,83 @@ def test_a_bad_value_in_the_file_is_refused_naming_the_setting(
 
 def test_what_serving_needs_is_checked_apart_from_what_every_command_needs() -> None:
     """lota migrations reads the catalog only: no origin and no client credentials needed."""
-    config = load(environ={"LOTA_WRITE_CATALOG": "sqlite:////tmp/c.db"})
-    assert config.write.catalog and not config.regions
+    config = load(environ={"LOTA_CATALOG_URL": "sqlite:////tmp/c.db"})
+    assert config.catalog.url and not config.regions
     with pytest.raises(ConfigError, match="no origin configured"):
         config.require_serving()
     with pytest.raises(ConfigError, match=r"needs auth.credentials.*lota credentials new FILE"):
         load(environ=ORIGIN).require_serving()
     load(environ={**ORIGIN, "LOTA_AUTH_MODE": "none"}).require_serving()
     assert isinstance(load(environ={**ORIGIN, "LOTA_AUTH_MODE": "none"}), Config)
+
+
+TWO_REGIONS = (
+    '[auth]\nmode = "none"\n[catalog]\nurl = "sqlite:////tmp/c.db"\n'
+    '[regions.us-east]\nendpoint = "http://127.0.0.1:1"\n'
+    '[regions.eu-west]\nendpoint = "http://127.0.0.1:2"\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("toml", "accelerates"),
+    [
+        ("", False),  # every bucket is homed here
+        ('[buckets]\n"far" = "eu-west"\n', True),
+        ('[buckets]\ndefault_region = "eu-west"\n"near" = "us-east"\n', True),
+        ('[buckets]\n"near" = "us-east"\n', False),
+    ],
+)
+def test_write_acceleration_is_on_with_a_catalog_and_a_bucket_homed_in_another_region(
+    toml: str, accelerates: bool, tmp_path: Path
+) -> None:
+    path = tmp_path / "lota.toml"
+    path.write_text(TWO_REGIONS + toml)
+    config = load(path, environ={})
+    assert config.accelerates_writes is accelerates
+    assert config.accelerated("far") is accelerates
+    assert config.accelerated("near") is False
+    if accelerates:
+        with pytest.raises(ConfigError, match=r"needs regions\.us-east\.staging_bucket"):
+            config.require_serving()
+    else:
+        config.require_serving()
+    without_catalog = load(path, environ={}, overrides={"catalog.url": ""})
+    assert not without_catalog.accelerates_writes and not without_catalog.accelerated("far")
+
+
+def test_a_single_region_catalog_for_the_lifecycle_needs_no_staging_bucket() -> None:
+    rules = [{"bucket": "ckpt", "transitions": [{"days_since_last_access": 60, "tier": "cold"}]}]
+    config = load(
+        environ={
+            **ORIGIN,
+            "LOTA_AUTH_MODE": "none",
+            "LOTA_CATALOG_URL": "postgresql://lota@db:5432/lota",
+            "LOTA_LIFECYCLE_RULES": json.dumps(rules),
+        }
+    )
+    assert config.write.staging == "bucket" and not config.regions["us-east"].staging_bucket
+    config.require_serving()
+    assert config.catalog.url.startswith("postgresql://") and not config.accelerates_writes
+
+
+@pytest.mark.parametrize(
+    ("toml", "environ", "message"),
+    [
+        (
+            '[write]\ncatalog = "sqlite:////tmp/c.db"\n',
+            {},
+            "write.catalog has moved: set [catalog] url (LOTA_CATALOG_URL)",
+        ),
+        ("", {"LOTA_WRITE_CATALOG": "sqlite:////tmp/c.db"}, "did you mean LOTA_CATALOG_URL?"),
+        ("", {"LOTA_CATALOG": "sqlite:////tmp/c.db"}, "did you mean LOTA_CATALOG_URL?"),
+        ('[catalog]\nurl = "mysql://db"\n', {}, "catalog.url must be a sqlite:// or postgresql://"),
+    ],
+)
+def test_the_old_catalog_settings_are_refused_naming_the_new_one(
+    toml: str, environ: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "lota.toml"
+    path.write_text('origin = "http://127.0.0.1:1"\n' + toml)
+    with pytest.raises(ConfigError) as info:
+        load(path, environ=environ)
+    assert message in str(info.value) and "\n" not in str(info.value)

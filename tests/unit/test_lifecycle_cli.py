@@ -42,5 +42,5 @@ def test_the_lifecycle_section_is_read_from_the_config_file(tmp_path: Path) -> N
 async def test_the_lifecycle_needs_a_catalog(tmp_path: Path) -> None:
     path = tmp_path / "lota.toml"
     path.write_text('origin = "http://127.0.0.1:1"\n[auth]\nmode = "none"\n')
-    with pytest.raises(ConfigError, match=r"write\.catalog"):
+    with pytest.raises(ConfigError, match=r"set \[catalog\] url \(LOTA_CATALOG_URL\)"):
         await plan_command(str(path), None, None, False, io.StringIO())

@@ -1,4 +1,4 @@
-"""The chunk store's errors (under :class:`lota.s3.errors.LotaError`)::
+"""The chunk store's errors, in the tree of :mod:`lota.errors`::
 
 CacheError              the store cannot open: a dir or the index is unusable
 ├── CacheDirInUse       another process holds a cache directory's lock
@@ -7,7 +7,7 @@ CacheError              the store cannot open: a dir or the index is unusable
 
 from __future__ import annotations
 
-from lota.s3.errors import LotaError
+from lota.errors import LotaError
 
 
 class CacheError(LotaError):
