@@ -224,3 +224,15 @@ def test_every_exception_of_lota_is_a_lota_error_and_is_drawn_in_the_tree() -> N
     drawn = set(re.findall(r"^ {4}([A-Z]\w+)", errors.__doc__, re.M))  # the root
     drawn |= set(re.findall(r"^ {4}[│ ]*[├└]── ([A-Z]\w+)", errors.__doc__, re.M))
     assert drawn == set(public)
+
+
+MAX_MODULE_LINES = 600  # past this a module holds more than one concern: split it
+
+
+def test_no_module_of_lota_is_over_600_lines() -> None:
+    long = {
+        name: lines
+        for name, path in modules().items()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"split these modules (lines): {long}"
