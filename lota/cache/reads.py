@@ -10,7 +10,7 @@
   from chunks (see :mod:`lota.cache.deliver`).
 
 Every response carries ``x-lota-cache: HIT | MISS | STALE``: the server counts responses
-by that header (see :mod:`lota.server`), so it is the one place the source is decided.
+by that header (see :mod:`lota.node.front`), so it is the one place the source is decided.
 """
 
 from __future__ import annotations

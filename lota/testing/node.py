@@ -1,6 +1,6 @@
 """A LOTA node served in the test's own event loop, for tests that need no subprocess.
 
-:func:`running_node` runs :func:`lota.server.serve` (what ``lota serve`` runs) on an
+:func:`running_node` runs :func:`lota.node.serve.serve` (what ``lota serve`` runs) on an
 ephemeral loopback port until the block ends, then lets it drain and stop::
 
     config = node_config({"origin": origin, "auth.mode": "none", "cache.dirs": [str(tmp)]})
@@ -9,7 +9,7 @@ ephemeral loopback port until the block ends, then lets it drain and stop::
             ...
         assert 'lota_cache_requests_total{source="HIT"} 1.0' in await node.metrics()
 
-It uses only the public face of :mod:`lota.server` and :mod:`lota.config` (``serve``,
+It uses only the public face of :mod:`lota.node.serve` and :mod:`lota.config` (``serve``,
 ``load``), so it keeps working however the node is put together inside. Tests of the
 process itself (signals, exit codes, descriptor limits, the CLI) use
 :class:`lota.testing.processes.LotaProcess` instead: here SIGTERM/SIGINT reach the test
