@@ -13,10 +13,8 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
+from lota.cache.plan import CACHE_HEADER
 from lota.s3.ranges import parse_range
-
-# Where a GET or HEAD was answered from: HIT | PEER | MISS | STALE | BYPASS (| PENDING).
-CACHE_HEADER = "x-lota-cache"
 
 # RFC 9110 section 7.6.1 hop-by-hop headers, plus the ones the relay sets itself.
 HOP_BY_HOP = frozenset(

@@ -1,8 +1,8 @@
 """Sending a byte range of a cached object to the client, chunk by chunk.
 
-Each chunk comes from the first place that has it: the store (sent zero-copy with
+Each chunk comes from the first place that has it: the cache (sent zero-copy with
 ``sendfile`` for large pieces), a fill in progress (followed as it grows), or, when the
-cache cannot hold it, the origin directly. Whatever happens to the cache, the client gets
+cache cannot hold it, the object's source directly. Whatever happens to the cache, the client gets
 the right bytes or, once headers are out, a cut connection; never wrong or missing bytes.
 """
 
@@ -17,12 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from lota.cache.fill import ChunkFill, Filler
+from lota.cache.fill import ChunkFill
+from lota.cache.plan import pieces
+from lota.cache.service import ChunkService
+from lota.cache.source import ChunkSource
 from lota.cache.store import CachedObject, read_resident
+from lota.errors import LotaError, OriginError
 from lota.http import sent_beside
 from lota.metrics import Metrics
-from lota.regions.origin import OriginClient
-from lota.s3.errors import LotaError, OriginError
 
 PIECE = 1024 * 1024
 # A read this small costs less on the event loop than handed to a thread, when the page
@@ -38,12 +40,11 @@ class ChunkUnreadable(LotaError, OSError):
 
 
 class Deliverer:
-    """Streams object ranges to clients from store, fills and origin."""
+    """Streams object ranges to clients from the cache, fills and the source."""
 
-    def __init__(self, filler: Filler, metrics: Metrics, sendfile_threads: int = 32) -> None:
-        self.filler = filler
-        self.store = filler.store
-        self.chunk_size = filler.chunk_size
+    def __init__(self, cache: ChunkService, metrics: Metrics, sendfile_threads: int = 32) -> None:
+        self.cache = cache
+        self.chunk_size = cache.chunk_size
         self._metrics = metrics
         # Blocking sendfile() runs here, one thread per transfer, off the event loop.
         self._sendfile_pool = ThreadPoolExecutor(
@@ -57,18 +58,15 @@ class Deliverer:
         self,
         request: web.BaseRequest,
         response: web.StreamResponse,
-        origin: OriginClient,
+        source: ChunkSource,
         obj: CachedObject,
         first: int,
         last: int,
     ) -> None:
         """Send bytes first..last (inclusive) of `obj` as the body of `response`."""
-        cs = self.chunk_size
-        last_chunk = last // cs
-        for index in range(first // cs, last_chunk + 1):
-            lo = max(first, index * cs) - index * cs
-            hi = min(last + 1, (index + 1) * cs) - index * cs
-            await self._chunk(request, response, origin, obj, index, lo, hi, last_chunk)
+        last_chunk = last // self.chunk_size
+        for index, lo, hi in pieces(first, last, self.chunk_size):
+            await self._chunk(request, response, source, obj, index, lo, hi, last_chunk)
 
     async def read_cached(
         self, obj: CachedObject, first: int, last: int
@@ -76,29 +74,26 @@ class Deliverer:
         """Bytes first..last of `obj` (a small range) if the store holds all of them, read
         on the loop from the page cache or else on a thread; None if any chunk is missing
         or fails its check (then :meth:`send`, which refetches, takes over)."""
-        cs = self.chunk_size
-        pieces = []
-        for index in range(first // cs, last // cs + 1):
-            lo = max(first, index * cs) - index * cs
-            count = min(last + 1, (index + 1) * cs) - index * cs - lo
-            data = self.store.read_hot(obj, index, lo, count)
+        found = []
+        for index, lo, hi in pieces(first, last, self.chunk_size):
+            data = self.cache.read_hot(obj, index, lo, hi - lo)
             if data is None:
-                data = await self._read_cold(obj, index, lo, count)
+                data = await self._read_cold(obj, index, lo, hi - lo)
                 if data is None:
                     return None
-            pieces.append(data)
+            found.append(data)
         self._metrics.cache_bytes.labels("hit").inc(last - first + 1)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return found[0] if len(found) == 1 else b"".join(found)
 
     async def _read_cold(
         self, obj: CachedObject, index: int, lo: int, count: int
     ) -> bytes | bytearray | None:
-        """Like :meth:`CacheStore.read_hot` for a chunk not read since start-up (opened,
+        """Like :meth:`ChunkService.read_hot` for a chunk not read since start-up (opened,
         and verified if the policy says so, first) or not in the page cache; None if it is
         missing or unreadable."""
-        if not self.store.has_chunk(obj, index):
+        if not self.cache.has_chunk(obj, index):
             return None
-        reader = await self.store.open_chunk(obj, index)
+        reader = await self.cache.open_chunk(obj, index)
         if reader is None:
             return None
         try:
@@ -108,7 +103,7 @@ class Deliverer:
         finally:
             reader.close()
         if len(data) != count:
-            self.store.drop_unreadable(obj, index)
+            self.cache.drop_unreadable(obj, index)
             return None
         return data
 
@@ -116,7 +111,7 @@ class Deliverer:
         self,
         request: web.BaseRequest,
         response: web.StreamResponse,
-        origin: OriginClient,
+        source: ChunkSource,
         obj: CachedObject,
         index: int,
         lo: int,
@@ -125,25 +120,25 @@ class Deliverer:
     ) -> None:
         for _ in range(MAX_ATTEMPTS):
             if not obj.alive:
-                break  # replaced or dropped meanwhile: this version's bytes come from the origin
-            if self.store.has_chunk(obj, index):
-                reader = await self.store.open_chunk(obj, index)
+                break  # replaced or dropped meanwhile: this version's bytes come from the source
+            if self.cache.has_chunk(obj, index):
+                reader = await self.cache.open_chunk(obj, index)
                 if reader is not None:
                     try:
                         await self._send_file(request, response, reader.fd, lo, hi - lo)
                     except ChunkUnreadable:
-                        self.store.drop_unreadable(obj, index)
+                        self.cache.drop_unreadable(obj, index)
                         raise
                     finally:
                         reader.close()
                     self._metrics.cache_bytes.labels("hit").inc(hi - lo)
                     return
-            fill = self.filler.fill_for(obj, index)
+            fill = self.cache.filling(obj, index)
             if fill is None:
-                self.filler.start(origin, obj.meta.bucket, obj.meta.key, index, last_chunk, obj)
-                fill = self.filler.fill_for(obj, index)
-            elif not self.filler.coming_soon(fill):
-                break  # its job is far behind: read these bytes from the origin now
+                self.cache.fill(source, obj.meta.bucket, obj.meta.key, index, last_chunk, obj)
+                fill = self.cache.filling(obj, index)
+            elif not self.cache.coming_soon(fill):
+                break  # its job is far behind: read these bytes from the source now
             else:
                 self._metrics.cache_coalesced.inc()
             if fill is not None:
@@ -151,10 +146,9 @@ class Deliverer:
                 if lo >= hi:
                     return
                 if fill.failed:
-                    break  # the cache cannot take it (or the origin failed it): go direct
-        await self._from_origin(
-            response, origin, obj, index * self.chunk_size + lo, index * self.chunk_size + hi - 1
-        )
+                    break  # the cache cannot take it (or the source failed it): go direct
+        base = index * self.chunk_size
+        await self._from_source(response, source, obj, base + lo, base + hi - 1)
 
     async def _follow(self, response: web.StreamResponse, fill: ChunkFill, lo: int, hi: int) -> int:
         """Stream what `fill` writes from `lo` on; return how far it got before it ended."""
@@ -187,22 +181,23 @@ class Deliverer:
                 os.close(fd)
         return lo
 
-    async def _from_origin(
+    async def _from_source(
         self,
         response: web.StreamResponse,
-        origin: OriginClient,
+        source: ChunkSource,
         obj: CachedObject,
         first: int,
         last: int,
     ) -> None:
-        """The cache could not supply these bytes: relay them from the origin, same ETag only."""
-        headers = {"range": f"bytes={first}-{last}", "if-match": obj.meta.etag}
-        received = self._metrics.origin_bytes_in.labels(origin.region.name)
-        async with origin.request("GET", obj.meta.bucket, obj.meta.key, headers=headers) as reply:
+        """The cache could not supply these bytes: relay them from the source, same ETag only."""
+        m = obj.meta
+        wanted = f"bytes={first}-{last}"
+        async with source.get(m.bucket, m.key, byte_range=wanted, if_match=m.etag) as reply:
             if reply.status not in (200, 206):
-                raise OriginError(f"origin answered {reply.status} for a range of a cached object")
-            async for piece in reply.content.iter_chunked(256 * 1024):
-                received.inc(len(piece))
+                raise OriginError(
+                    f"{source.name} answered {reply.status} for a range of a cached object"
+                )
+            async for piece in reply.pieces(256 * 1024):
                 await response.write(piece)
                 self._metrics.cache_bytes.labels("origin").inc(len(piece))
 

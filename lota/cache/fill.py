@@ -1,6 +1,7 @@
-"""Filling the cache from the origin: single flight per chunk, readers follow fills live.
+"""Filling the cache from a source: single flight per chunk, readers follow fills live.
 
-A :class:`FillJob` is one streaming origin GET that fills a run of consecutive chunks of
+A :class:`FillJob` is one streaming GET from a :class:`~lota.cache.source.ChunkSource`
+(the origin, today) that fills a run of consecutive chunks of
 one object, in order, into the store. Each chunk it will write is registered as a
 :class:`ChunkFill` before any byte arrives, so every other reader who needs that chunk
 waits for it instead of asking the origin again (single flight), and streams its bytes
@@ -9,8 +10,12 @@ finish. Jobs run as tasks owned by the :class:`Filler`, not by the request that 
 them: a client that goes away does not stop a fill others are waiting for.
 
 When a chunk cannot be stored (no room, disk error), its fill is marked failed and its
-readers fetch the bytes they still need straight from the origin: the client never sees
+readers fetch the bytes they still need straight from the source: the client never sees
 an error because of the cache.
+
+A job for an object not known yet may ask for a suffix (the last bytes of an object of
+unknown size, see :func:`lota.cache.plan.cold_fetch`): its first chunk is then the first
+that begins within the answer, and the answer's bytes before it are skipped.
 """
 
 from __future__ import annotations
@@ -21,13 +26,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import aiohttp
-
+from lota.cache.plan import ColdFetch, body_start, first_whole_chunk
+from lota.cache.source import ChunkSource, SourceReply
 from lota.cache.store import CachedObject, CacheStore, CacheWriteError, ChunkWriter, ObjectMeta
 from lota.clock import Clock
+from lota.errors import LotaError, OriginError
 from lota.metrics import Metrics
-from lota.regions.origin import OriginClient
-from lota.s3.errors import LotaError, OriginError
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.cache")
@@ -66,17 +70,16 @@ _OBJECT_HEADERS = (
 
 @dataclass(slots=True)
 class OriginReply:
-    """A non-success origin answer (404, 403, 416...), kept so every waiter can relay it."""
+    """A non-success answer of the source (404, 403, 416...), kept so every waiter can
+    relay it."""
 
     status: int
     headers: list[tuple[str, str]]
     body: bytes
 
 
-def object_meta(
-    bucket: str, key: str, response: aiohttp.ClientResponse, validated_at: float
-) -> ObjectMeta:
-    """What the store keeps about an object, from a 200/206 GET or a HEAD response."""
+def object_meta(bucket: str, key: str, response: SourceReply, validated_at: float) -> ObjectMeta:
+    """What the store keeps about an object, from a 200/206 GET or a HEAD answer."""
     headers = response.headers
     size = _total_size(headers)
     keep = [
@@ -148,17 +151,19 @@ class ChunkFill:
 
 @dataclass(eq=False)
 class FillJob:
-    """One origin GET filling chunks ``first``.. of an object (to ``last`` or the end)."""
+    """One GET from a source filling chunks ``first``.. of an object (to ``last`` or the end)."""
 
     bucket: str
     key: str
     first: int
     last: int | None
     known: CachedObject | None
+    # For an object not known yet: fetch its last `suffix` bytes (first is then decided
+    # by the answer).
+    suffix: int = 0
     # (chunk index, its fill) for every chunk in the job; None where another holds it.
     claimed: list[tuple[int, ChunkFill | None]] = field(default_factory=list)
     etag: str = ""
-    region: str = ""
     result: asyncio.Future[CachedObject | OriginReply] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -204,22 +209,25 @@ class Filler:
 
     def start(
         self,
-        origin: OriginClient,
+        source: ChunkSource,
         bucket: str,
         key: str,
         first: int,
         last: int | None,
         known: CachedObject | None = None,
+        *,
+        suffix: int = 0,
     ) -> FillJob:
-        """Fetch chunks first..last (None: to the end) from the origin in one GET."""
+        """Fetch chunks first..last (None: to the end) from `source` in one GET; with
+        `suffix` (an object not `known` yet), the whole chunks of its last `suffix` bytes."""
         if known is None and (pending := self._cold.get((bucket, key))) is not None:
             return pending
-        job = FillJob(bucket, key, first, last, known, region=origin.region.name, at=first)
+        job = FillJob(bucket, key, first, last, known, suffix if known is None else 0, at=first)
         if known is None:
             self._cold[(bucket, key)] = job
         else:
             self._register(job, known)
-        self._tasks.start(self._run(origin, job), f"fill {bucket}/{key}#{first}")
+        self._tasks.start(self._run(source, job), f"fill {bucket}/{key}#{first}")
         return job
 
     def _register(self, job: FillJob, obj: CachedObject) -> None:
@@ -241,16 +249,16 @@ class Filler:
     def chunk_length(self, size: int, index: int) -> int:
         return max(0, min(self.chunk_size, size - index * self.chunk_size))
 
-    async def _run(self, origin: OriginClient, job: FillJob) -> None:
+    async def _run(self, source: ChunkSource, job: FillJob) -> None:
         started = time.perf_counter()
         try:
-            await self._fetch(origin, job)
+            await self._fetch(source, job)
         except asyncio.CancelledError:
             self._fail(job, OriginError("fill cancelled"))
             raise
         except CacheFull as exc:  # counted (lota_cache_bypassed_fills); a full disk is no news
             self._fail(job, exc)
-        except (LotaError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (LotaError, OSError, TimeoutError) as exc:
             log.warning("fill of %s/%s failed: %r", job.bucket, job.key, exc)
             self._fail(job, exc)
         except Exception as exc:  # a bug or an unreadable reply: waiters must not hang
@@ -262,10 +270,10 @@ class Filler:
                 del self._cold[(job.bucket, job.key)]
             self._metrics.cache_fill_seconds.observe(time.perf_counter() - started)
 
-    async def _fetch(self, origin: OriginClient, job: FillJob) -> None:
-        headers = {"x-amz-checksum-mode": "ENABLED"}
+    async def _fetch(self, source: ChunkSource, job: FillJob) -> None:
+        if_match = ""
         if job.known is not None:
-            headers["if-match"] = job.known.meta.etag
+            if_match = job.known.meta.etag
             # Fetch only from the first chunk this job holds to the last: the others are
             # cached or on their way already (a second prefetch of an object costs nothing).
             held = [n for n, (_, fill) in enumerate(job.claimed) if fill is not None]
@@ -276,24 +284,26 @@ class Filler:
             job.first, job.last = job.claimed[0][0], job.claimed[-1][0]
             job.at = job.first
         epoch = self.store.epoch
-        start = job.first * self.chunk_size
-        if job.last is not None:
-            headers["range"] = f"bytes={start}-{(job.last + 1) * self.chunk_size - 1}"
-        elif start:
-            headers["range"] = f"bytes={start}-"
-        async with origin.request("GET", job.bucket, job.key, headers=headers) as response:
-            if response.status not in (200, 206):
-                body = await response.content.read(ERROR_BODY_LIMIT)
-                reply = OriginReply(response.status, list(response.headers.items()), body)
-                # 412: the version being filled is gone at the origin; drop its entry
+        wanted = ColdFetch(job.first, job.last, job.suffix).byte_range(self.chunk_size)
+        async with source.get(job.bucket, job.key, byte_range=wanted, if_match=if_match) as reply:
+            if reply.status not in (200, 206):
+                body = await reply.read(ERROR_BODY_LIMIT)
+                failed = OriginReply(reply.status, list(reply.headers.items()), body)
+                # 412: the version being filled is gone at the source; drop its entry
                 # unless a newer one has replaced it already.
                 known = job.known
-                if response.status == 412 and known is not None and known.alive:
+                if reply.status == 412 and known is not None and known.alive:
                     await self.store.invalidate(job.bucket, job.key)
-                self._finish_result(job, reply)
-                self._fail(job, OriginError(f"origin answered {response.status}"))
+                self._finish_result(job, failed)
+                self._fail(job, OriginError(f"{source.name} answered {reply.status}"))
                 return
-            meta = object_meta(job.bucket, job.key, response, self._clock.time())
+            begins = body_start(reply.status, reply.headers.get("content-range", ""))
+            if job.suffix:
+                job.first = job.at = first_whole_chunk(begins, self.chunk_size)
+            lead = job.first * self.chunk_size - begins
+            if lead < 0:
+                raise OriginError(f"{source.name} answered bytes from {begins}, not those asked")
+            meta = object_meta(job.bucket, job.key, reply, self._clock.time())
             if job.known is None:
                 obj = await self.store.admit(meta, since=epoch)
                 self._register(job, obj)
@@ -301,22 +311,19 @@ class Filler:
             else:
                 obj = job.known
             self._finish_result(job, obj)
-            await self._copy(response, obj, job)
+            await self._skip(reply, lead)
+            await self._copy(reply, obj, job)
 
-    async def _copy(
-        self, response: aiohttp.ClientResponse, obj: CachedObject, job: FillJob
-    ) -> None:
+    async def _copy(self, response: SourceReply, obj: CachedObject, job: FillJob) -> None:
         """Copy the response body into the claimed chunks, skipping the unclaimed ones."""
         for index, fill in job.claimed:
             job.at = index
             if fill is None:
-                await self._skip(response, self.chunk_length(obj.meta.size, index), job)
+                await self._skip(response, self.chunk_length(obj.meta.size, index))
             else:
-                await self._fill_chunk(response, obj, fill, job)
+                await self._fill_chunk(response, obj, fill)
 
-    async def _fill_chunk(
-        self, response: aiohttp.ClientResponse, obj: CachedObject, fill: ChunkFill, job: FillJob
-    ) -> None:
+    async def _fill_chunk(self, response: SourceReply, obj: CachedObject, fill: ChunkFill) -> None:
         writer = await self.store.begin_chunk(obj, fill.index)
         if writer is None:
             # Either another fill committed this chunk a moment ago (its readers will find
@@ -327,11 +334,11 @@ class Filler:
             if not cached:
                 self._metrics.cache_bypassed_fills.inc()
                 raise CacheFull(f"the cache cannot take chunk {fill.index} of {obj!r}")
-            await self._skip(response, fill.length, job)
+            await self._skip(response, fill.length)
             return
         fill.path = writer.path
         try:
-            await self._write(response, writer, fill, job.region)
+            await self._write(response, writer, fill)
             await writer.commit()
         except CacheWriteError as exc:
             log.warning("cache write failed, serving from origin: %r", exc)
@@ -339,7 +346,7 @@ class Filler:
             self._done(obj, fill, ok=False)
             # Past what this chunk took from the response (not what reached its file), or
             # every chunk after it in this GET would be filled with shifted bytes.
-            await self._skip(response, fill.length - fill.taken, job)
+            await self._skip(response, fill.length - fill.taken)
             return
         except BaseException:
             await writer.abort()
@@ -347,19 +354,16 @@ class Filler:
         self._metrics.cache_fill_bytes.inc(fill.length)
         self._done(obj, fill, ok=True)
 
-    async def _write(
-        self, response: aiohttp.ClientResponse, writer: ChunkWriter, fill: ChunkFill, region: str
-    ) -> None:
+    async def _write(self, response: SourceReply, writer: ChunkWriter, fill: ChunkFill) -> None:
         # Bytes are gathered into writes of up to WRITE_SIZE: each write is a hand-off to
         # the store's I/O thread, and readers following the fill wake once per write.
         pieces: list[bytes] = []
         gathered = 0
         while fill.written < fill.length:
             want = min(READ_SIZE, fill.length - fill.written - gathered)
-            piece = await response.content.read(want) if want > 0 else b""
+            piece = await response.read(want) if want > 0 else b""
             if want > 0 and not piece:
-                raise OriginError("origin body ended early")
-            self._metrics.origin_bytes_in.labels(region).inc(len(piece))
+                raise OriginError("the source's body ended early")
             fill.taken += len(piece)
             pieces.append(piece)
             gathered += len(piece)
@@ -370,15 +374,13 @@ class Filler:
                 pieces.clear()
                 gathered = 0
 
-    async def _skip(self, response: aiohttp.ClientResponse, length: int, job: FillJob) -> None:
-        """Read and drop `length` bytes of the response (a chunk someone else has). They
-        came from the origin all the same: counted."""
-        received = self._metrics.origin_bytes_in.labels(job.region)
+    async def _skip(self, response: SourceReply, length: int) -> None:
+        """Read and drop `length` bytes of the response (a chunk someone else has, or the
+        part of a suffix before its first whole chunk); the source counts them all the same."""
         while length > 0:
-            piece = await response.content.read(min(READ_SIZE, length))
+            piece = await response.read(min(READ_SIZE, length))
             if not piece:
-                raise OriginError("origin body ended early")
-            received.inc(len(piece))
+                raise OriginError("the source's body ended early")
             length -= len(piece)
 
     def _done(self, obj: CachedObject, fill: ChunkFill, *, ok: bool) -> None:

@@ -1,8 +1,9 @@
 """Warming: fill the cache with every object under a prefix before anyone asks.
 
 ``lota warm s3://bucket/prefix`` and the admin call ``POST /_lota/warm`` both use
-:class:`Warm`, which lists the prefix at the origin and fills objects with bounded
-concurrency, reporting progress as it goes.
+:class:`Warm`, which goes through the prefix's listing at the origin (pages of (key, size),
+see :func:`lota.regions.listing.origin_pages`) and fills objects from the bucket's source
+with bounded concurrency, reporting progress as it goes.
 
 Authorization is what the same principal would get doing the work with S3 calls: warming
 starts only with ``s3:ListBucket`` on the bucket (warm lists it, as ``ListObjectsV2``
@@ -25,27 +26,27 @@ import asyncio
 import json
 import logging
 import re
-import xml.etree.ElementTree as ET
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from lota.cache.fill import Filler
+from lota.cache.service import ChunkService
+from lota.cache.source import ChunkSource
 from lota.cache.store import CachedObject
+from lota.errors import OriginError
 from lota.metrics import Metrics
-from lota.regions.origin import OriginClient
-from lota.s3.errors import LotaError, OriginError, S3Error, invalid_argument
+from lota.s3.errors import S3Error, invalid_argument
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.cache")
 
-_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 DEFAULT_CONCURRENCY = 8
 MAX_CONCURRENCY = 64
 _WHOLE_NUMBER = re.compile(r"[0-9]{1,6}")
 
 Result = Literal["filled", "cached", "denied", "failed"]
-Page = tuple[list[tuple[str, int]], str]
+# A listing's pages of (key, size), in key order; the first fetched by Warm.start.
+Pages = AsyncGenerator[Sequence[tuple[str, int]], None]
 
 
 def parse_concurrency(raw: str | None) -> int:
@@ -96,49 +97,14 @@ class Progress:
         return json.dumps(asdict(self)).encode() + b"\n"
 
 
-async def list_page(origin: OriginClient, bucket: str, prefix: str, token: str) -> Page:
-    """One ListObjectsV2 page: its (key, size) pairs and the next token ("" at the end)."""
-    query = [("list-type", "2"), ("prefix", prefix)]
-    if token:
-        query.append(("continuation-token", token))
-    async with origin.request("GET", bucket, "", query=query) as reply:
-        body = await reply.read()
-        status = reply.status
-    if status != 200:
-        raise _refusal(f"listing {bucket}/{prefix}", status, body)
-    try:
-        root = ET.fromstring(body)
-        items = [
-            (item.findtext(f"{_NS}Key", ""), int(item.findtext(f"{_NS}Size", "0")))
-            for item in root.iter(f"{_NS}Contents")
-        ]
-    except (ET.ParseError, ValueError) as exc:
-        raise OriginError(f"listing {bucket}/{prefix}: unreadable answer") from exc
-    token = root.findtext(f"{_NS}NextContinuationToken", "")
-    more = root.findtext(f"{_NS}IsTruncated", "false") == "true"
-    return items, token if more else ""
-
-
-def _refusal(what: str, status: int, body: bytes) -> LotaError:
-    """The origin's 4xx S3 error as ours (NoSuchBucket stays a 404); anything else,
-    a 5xx or a body that is no S3 error, means the origin is not working."""
-    try:
-        root = ET.fromstring(body)
-    except ET.ParseError:
-        root = ET.Element("none")
-    code = root.findtext("Code") if root.tag == "Error" else None
-    if code and 400 <= status < 500:
-        return S3Error(code, root.findtext("Message") or code, status=status)
-    return OriginError(f"{what}: origin answered {status} {body[:200]!r}")
-
-
 class Warm:
     """One warm of one prefix. Call :meth:`start`, then iterate :meth:`progress`."""
 
     def __init__(
         self,
-        filler: Filler,
-        origin: OriginClient,
+        cache: ChunkService,
+        source: ChunkSource,
+        pages: Pages,
         bucket: str,
         prefix: str,
         *,
@@ -146,21 +112,22 @@ class Warm:
         metrics: Metrics,
         concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
-        self._filler = filler
-        self._origin = origin
+        self._cache = cache
+        self._source = source
+        self._pages = pages
         self._bucket = bucket
         self._prefix = prefix
         self._may_read = may_read
         self._metrics = metrics
         self._slots = asyncio.Semaphore(concurrency)
         self._finished: asyncio.Queue[None] = asyncio.Queue()
-        self._first: Page | None = None
+        self._first: Sequence[tuple[str, int]] | None = None
         self._running = 0  # fills started and not yet reported
         self.state = Progress()
 
     async def start(self) -> None:
         """List the first page; raises the S3Error (or OriginError) if the origin refuses."""
-        self._first = await list_page(self._origin, self._bucket, self._prefix, "")
+        self._first = await anext(self._pages, ())
 
     async def progress(self) -> AsyncGenerator[Progress, None]:
         """Fill what is listed; yield after each object, at the end of the listing, and a
@@ -177,6 +144,7 @@ class Warm:
                 yield self.state
         finally:
             await tasks.close()  # only what a departed client left running
+            await self._pages.aclose()  # one left part-way holds an origin response
         self.state.final = True
         yield self.state
 
@@ -207,13 +175,11 @@ class Warm:
 
     async def _listing(self) -> AsyncIterator[tuple[str, int]]:
         assert self._first is not None, "start() first"
-        items, token = self._first
-        while True:
-            for item in items:
+        for item in self._first:
+            yield item
+        async for page in self._pages:
+            for item in page:
                 yield item
-            if not token:
-                return
-            items, token = await list_page(self._origin, self._bucket, self._prefix, token)
 
     def _stopped(self, exc: Exception) -> None:
         if isinstance(exc, S3Error):
@@ -243,10 +209,10 @@ class Warm:
             self._metrics.warm_filled_bytes.inc(size)
 
     async def _fill(self, key: str) -> Result:
-        obj = self._filler.store.lookup(self._bucket, key)
+        obj = self._cache.lookup(self._bucket, key)
         if obj is not None and self._held(obj, in_flight=False):
             return "cached"
-        job = self._filler.start(self._origin, self._bucket, key, 0, None, obj)
+        job = self._cache.fill(self._source, self._bucket, key, 0, None, obj)
         await job.done.wait()
         if not job.result.done() or job.result.exception() is not None:
             return "failed"
@@ -260,8 +226,8 @@ class Warm:
     def _held(self, obj: CachedObject, *, in_flight: bool) -> bool:
         """Whether every chunk of `obj` is cached (or, with `in_flight`, being filled by
         another job that shared the work)."""
-        filler = self._filler
+        cache = self._cache
         return all(
-            filler.store.has_chunk(obj, i) or (in_flight and filler.fill_for(obj, i) is not None)
-            for i in range(-(-obj.meta.size // filler.chunk_size))
+            cache.has_chunk(obj, i) or (in_flight and cache.filling(obj, i) is not None)
+            for i in range(-(-obj.meta.size // cache.chunk_size))
         )

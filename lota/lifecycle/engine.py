@@ -51,7 +51,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import re
 import time
 import xml.etree.ElementTree as ET
 from collections import deque
@@ -75,8 +74,9 @@ from lota.lifecycle.rules import (
     splits_directory,
 )
 from lota.lifecycle.state import LifecycleState
-from lota.regions.listing import parse_origin_page
 from lota.regions.origin import OriginClient
+from lota.regions.origin_pages import origin_pages
+from lota.s3.errors import S3Error
 from lota.s3.xml import S3_NS_PREFIX
 from lota.tasks import TaskGroup
 
@@ -158,29 +158,18 @@ class OriginListing:
         self._origin_for = origin_for
 
     async def pages(self, bucket: str, prefix: str) -> AsyncIterator[list[ObjectInfo]]:
-        origin = self._origin_for(bucket)
-        token = ""
-        while True:
-            query = [("list-type", "2"), ("prefix", prefix), ("encoding-type", "url")]
-            if token:
-                query.append(("continuation-token", token))
-            async with origin.request("GET", bucket, "", query=query) as reply:
-                body = await reply.read()
-                if reply.status != 200:
-                    code = re.search(rb"<Code>([^<]{1,64})</Code>", body)
-                    why = code.group(1).decode(errors="replace") if code else repr(body[:200])
-                    raise OriginError(
-                        f"listing {bucket}/{prefix} at the origin: {reply.status} {why}"
+        try:
+            async for page in origin_pages(self._origin_for(bucket), bucket, prefix):
+                yield [
+                    ObjectInfo(
+                        bucket, e.key, e.size, parse_time(e.last_modified), e.storage_class, e.etag
                     )
-            contents, _, truncated, token = parse_origin_page(body)
-            yield [
-                ObjectInfo(
-                    bucket, e.key, e.size, parse_time(e.last_modified), e.storage_class, e.etag
-                )
-                for e in contents
-            ]
-            if not truncated or not token:
-                return
+                    for e in page
+                ]
+        except S3Error as exc:  # the origin refused: the run fails, as when it is down
+            raise OriginError(
+                f"listing {bucket}/{prefix} at the origin: {exc.status} {exc.code}"
+            ) from exc
 
 
 class OriginMover:

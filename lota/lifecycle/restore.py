@@ -8,6 +8,7 @@ answer (InvalidObjectState), and a later read finds the object restored.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from xml.sax.saxutils import escape
 
 from lota.lifecycle.config import LifecycleConfig
@@ -20,12 +21,19 @@ log = logging.getLogger("lota.lifecycle")
 class Restores:
     """Starts restore requests as tasks of the node's group."""
 
-    def __init__(self, config: LifecycleConfig, tasks: TaskGroup) -> None:
+    def __init__(
+        self,
+        config: LifecycleConfig,
+        tasks: TaskGroup,
+        origin_for: Callable[[str], OriginClient],
+    ) -> None:
         self._config = config
         self._tasks = tasks
+        self._origin_for = origin_for
 
-    def start(self, origin: OriginClient, bucket: str, key: str) -> None:
-        """Ask the origin to restore an archived object someone tried to read."""
+    def start(self, bucket: str, key: str) -> None:
+        """Ask the bucket's origin to restore an archived object someone tried to read."""
+        origin = self._origin_for(bucket)
         lc = self._config
         body = (
             f"<RestoreRequest><Days>{lc.restore_days}</Days><GlacierJobParameters>"

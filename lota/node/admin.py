@@ -29,7 +29,6 @@ from lota.lifecycle.state import LifecycleState
 from lota.metrics import Metrics
 from lota.node.features import CacheFeature, CatalogFeature
 from lota.node.node import Drain
-from lota.regions.origins import Origins
 from lota.relay import read_small_body
 from lota.s3.addressing import is_valid_bucket_name, split_target
 from lota.s3.errors import S3Error
@@ -53,7 +52,6 @@ class Admin:
         lifecycle: LifecycleState,
         cache: CacheFeature,
         catalog: CatalogFeature,
-        origins: Origins,
     ) -> None:
         self._config = config
         self._auth = auth
@@ -62,7 +60,6 @@ class Admin:
         self._lifecycle = lifecycle
         self._cache = cache
         self._catalog = catalog.catalog
-        self._origins = origins
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
@@ -124,8 +121,7 @@ class Admin:
             )
 
         prefix = request.query.get("prefix", "")
-        origin = self._origins.for_bucket(bucket)
-        run = self._cache.warm(origin, bucket, prefix, may_read, concurrency)
+        run = self._cache.warm(bucket, prefix, may_read, concurrency)
         await run.start()  # a refusal is still an S3 error, before any 200
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import aiohttp
 
 from lota.auth import Authenticator
 from lota.cache.fill import Filler
-from lota.cache.reads import ReadPath, cacheable
+from lota.cache.plan import cacheable
+from lota.cache.reads import ReadPath
+from lota.cache.service import ChunkService
 from lota.cache.store import CacheError, CacheStore
 from lota.cache.warm import Warm
 from lota.catalog import open_catalog
@@ -46,8 +48,10 @@ from lota.node.node import Drain, Node
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
 from lota.regions.migrator import Migrator
-from lota.regions.origin import POOL_SIZE, OriginClient
+from lota.regions.origin import POOL_SIZE
+from lota.regions.origin_pages import origin_pages
 from lota.regions.origins import Origins
+from lota.regions.source import OriginSource
 from lota.regions.staging import Staging
 from lota.regions.writes import RegionalRouter
 from lota.tasks import TaskGroup
@@ -76,9 +80,9 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
         origins = Origins(config, session, metrics)
         cache = CacheFeature.off()
         if config.cache.dirs:
-            restores = Restores(config.lifecycle, tasks)
+            restores = Restores(config.lifecycle, tasks, origins.for_bucket)
             cache = await stack.enter_async_context(
-                build_cache(config, clock, metrics, fills, restores.start)
+                build_cache(config, clock, metrics, fills, origins, restores.start)
             )
         catalog = CatalogFeature.off()
         if config.catalog.url:
@@ -93,8 +97,7 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
             metrics=metrics,
             access_log=access_log,
             drain=drain,
-            admin=Admin(config, auth, metrics, drain, lifecycle, cache, catalog, origins),
-            origins=origins,
+            admin=Admin(config, auth, metrics, drain, lifecycle, cache, catalog),
             passthrough=PassThrough(origins, config.body_timeout),
             cache=cache,
             catalog=catalog,
@@ -131,8 +134,9 @@ def _origin_session(config: Config) -> aiohttp.ClientSession:
 
 
 # -- The cache components ---------------------------------------------------------------
-# CacheStore, Filler, ReadPath, Deliverer (inside ReadPath) and Warm are constructed here
-# and nowhere else: a change to their constructors is made in this one function.
+# CacheStore, Filler, ChunkService, ReadPath, Deliverer (inside ReadPath), the sources and
+# Warm are constructed here and nowhere else: a change to their constructors is made in
+# this one function.
 
 
 @asynccontextmanager
@@ -141,7 +145,8 @@ async def build_cache(
     clock: Clock,
     metrics: Metrics,
     fills: TaskGroup,
-    on_archived: Callable[[OriginClient, str, str], None],
+    origins: Origins,
+    on_archived: Callable[[str, str], None],
 ) -> AsyncIterator[CacheFeature]:
     """The node's read cache, open (``StartupError`` when a cache dir is in use or
     unusable: nothing to serve without it); closed on exit."""
@@ -167,25 +172,31 @@ async def build_cache(
         gc.freeze()
         metrics.watch_store(store)
         filler = Filler(store, c.chunk_size, metrics, clock, fills)
-        reads = ReadPath(store, filler, c, clock, metrics)
+        service = ChunkService(store, filler)
+        # Each region's origin is the source of its buckets' chunks.
+        sources = {name: OriginSource(origin, metrics) for name, origin in origins.items()}
+
+        def source_for(bucket: str) -> OriginSource:
+            return sources[origins.for_bucket(bucket).region.name]
+
+        reads = ReadPath(service, source_for, c, clock, metrics)
         if config.lifecycle.restore_on_read:
             reads.on_archived = on_archived
 
-        def warm(
-            origin: OriginClient,
-            bucket: str,
-            prefix: str,
-            may_read: Callable[[str], bool],
-            concurrency: int,
-        ) -> Warm:
+        async def keys(bucket: str, prefix: str) -> AsyncGenerator[list[tuple[str, int]], None]:
+            async for page in origin_pages(origins.for_bucket(bucket), bucket, prefix):
+                yield [(e.key, e.size) for e in page]
+
+        def warm(bucket: str, prefix: str, may_read: Callable[[str], bool], n: int) -> Warm:
             return Warm(
-                filler,
-                origin,
+                service,
+                source_for(bucket),
+                keys(bucket, prefix),
                 bucket,
                 prefix,
                 may_read=may_read,
                 metrics=metrics,
-                concurrency=concurrency,
+                concurrency=n,
             )
 
         try:
@@ -193,7 +204,7 @@ async def build_cache(
                 on=True,
                 cacheable=cacheable,
                 serve=reads.serve,
-                invalidate=store.invalidate,
+                invalidate=service.invalidate,
                 warm=warm,
             )
         finally:

@@ -20,15 +20,14 @@ from aiohttp import web
 from lota.auth.body import BodyDecoder
 from lota.cache.warm import Warm
 from lota.catalog import PendingSummary
-from lota.regions.origin import OriginClient
 from lota.s3.addressing import Target
 from lota.s3.errors import S3Error
 from lota.s3.operations import Operation
 from lota.s3.xml import DeleteRequest
 
-# (origin, bucket, prefix, may_read(key), concurrency): one warm run, not yet started.
-WarmFactory = Callable[[OriginClient, str, str, Callable[[str], bool], int], Warm]
-ServeCached = Callable[[web.BaseRequest, Target, OriginClient], Awaitable[web.StreamResponse]]
+# (bucket, prefix, may_read(key), concurrency): one warm run, not yet started.
+WarmFactory = Callable[[str, str, Callable[[str], bool], int], Warm]
+ServeCached = Callable[[web.BaseRequest, Target], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,9 +54,7 @@ def _never(target: Target, headers: Mapping[str, str]) -> bool:
     return False
 
 
-async def _no_cache(
-    request: web.BaseRequest, target: Target, origin: OriginClient
-) -> web.StreamResponse:
+async def _no_cache(request: web.BaseRequest, target: Target) -> web.StreamResponse:
     raise AssertionError("no cache to serve from: nothing is cacheable")
 
 
@@ -65,9 +62,7 @@ async def _nothing(bucket: str, key: str) -> None:
     pass
 
 
-def _no_warm(
-    origin: OriginClient, bucket: str, prefix: str, may_read: Callable[[str], bool], n: int
-) -> Warm:
+def _no_warm(bucket: str, prefix: str, may_read: Callable[[str], bool], n: int) -> Warm:
     raise S3Error("InvalidRequest", "This node has no cache to warm.")
 
 

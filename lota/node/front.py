@@ -33,18 +33,17 @@ from lota.node.invalidation import INVALIDATING, Invalidation
 from lota.node.node import Drain
 from lota.node.requests import RequestContext
 from lota.passthrough import PassThrough
-from lota.regions.origins import Origins
 from lota.relay import abort, read_small_body
 from lota.s3.addressing import Target, is_admin, parse_target
 from lota.s3.errors import S3Error
-from lota.s3.operations import object_arn
+from lota.s3.operations import Op, object_arn
 from lota.s3.xml import DeleteEntry, DeleteRequest, delete_result, merge_result, parse_delete
 
 log = logging.getLogger("lota.node")
 # Operations counted by the x-lota-cache header of their response (lota_cache_requests).
-_READS = frozenset({"GetObject", "HeadObject"})
+_READS = frozenset({Op.GET_OBJECT, Op.HEAD_OBJECT})
 # Operations that count as an access to their object (lifecycle tiering).
-ACCESSES = frozenset({"GetObject", "PutObject", "CopyObject", "CompleteMultipartUpload"})
+ACCESSES = frozenset({Op.GET_OBJECT, Op.PUT_OBJECT, Op.COPY_OBJECT, Op.COMPLETE_MULTIPART_UPLOAD})
 # S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
 DELETE_BODY_LIMIT = 2 * 1024 * 1024
 
@@ -63,7 +62,6 @@ class Front:
         access_log: AccessLog,
         drain: Drain,
         admin: Admin,
-        origins: Origins,
         passthrough: PassThrough,
         cache: CacheFeature,
         catalog: CatalogFeature,
@@ -76,7 +74,6 @@ class Front:
         self._access_log = access_log
         self._drain = drain
         self._admin = admin
-        self._origins = origins
         self._passthrough = passthrough
         self._invalidation = invalidation
         self._router = catalog.router
@@ -91,7 +88,7 @@ class Front:
         """Answer one request; never raises except to abort a response already started."""
         ctx = RequestContext()
         if is_admin(request.host, request.raw_path, self._domain):
-            ctx.operation = "Admin"
+            ctx.operation = Op.ADMIN
         drain = self._drain
         drain.inflight += 1
         try:
@@ -149,10 +146,10 @@ class Front:
     async def _answer(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
         """Run the request's steps; turn every error into an S3 XML response."""
         try:
-            probe = ctx.operation == "Admin" and request.path in PROBES
+            probe = ctx.operation == Op.ADMIN and request.path in PROBES
             if self._drain.draining and not probe:
                 return self._refuse_while_draining(request, ctx)
-            if ctx.operation == "Admin":
+            if ctx.operation == Op.ADMIN:
                 return await self._admin.handle(request)
             return await self._s3(request, ctx)
         except (asyncio.CancelledError, ConnectionError):
@@ -182,8 +179,7 @@ class Front:
                 if routed is not None:
                     return routed
             if self._cacheable(target, request.headers):
-                origin = self._origins.for_bucket(target.bucket)
-                return await self._serve_cached(request, target, origin)
+                return await self._serve_cached(request, target)
         # Made only now: a read answered from the cache has no body to decode.
         decoder = self._auth.decoder(view, authorized)
         if request.headers.get("expect", "").lower() == "100-continue":
@@ -194,7 +190,7 @@ class Front:
                 if ctx.operation in INVALIDATING:
                     await self._invalidation.drop_cached(target.bucket, [target.key])
                 return routed
-        if ctx.operation == "DeleteObjects":
+        if ctx.operation == Op.DELETE_OBJECTS:
             return await self._delete_objects(request, target, authorized, decoder)
         copy_source = authorized.operation.forwarded_copy_source
         if ctx.operation not in INVALIDATING:
@@ -262,7 +258,7 @@ class Front:
             self._metrics.auth_failures.labels(exc.code).inc()
         if isinstance(exc, Refused):
             ctx.principal = exc.principal
-            if ctx.operation == "Unknown":
+            if ctx.operation == Op.UNKNOWN:
                 ctx.operation = exc.operation
         ctx.error = exc.code
         response = error_response(exc, ctx.request_id)

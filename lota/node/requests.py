@@ -6,6 +6,8 @@ import itertools
 import time
 import uuid
 
+from lota.s3.operations import Op
+
 
 class RequestContext:
     """What the handler learns about a request as it goes, for metrics and the access log."""
@@ -24,7 +26,7 @@ class RequestContext:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.request_id = next_request_id()
-        self.operation = "Unknown"
+        self.operation: str = Op.UNKNOWN
         self.bucket = self.key = ""
         self.copy_source: tuple[str, str] | None = None
         self.principal = "-"

@@ -28,13 +28,13 @@ from lota.regions.listing import (
     Merger,
     Override,
     is_lota_token,
-    parse_origin_page,
     render,
 )
 from lota.regions.origin import OriginClient
+from lota.regions.origin_pages import origin_page
 from lota.regions.origins import Origins
 from lota.s3.addressing import Target
-from lota.s3.errors import OriginError, S3Error
+from lota.s3.errors import S3Error
 from lota.s3.operations import Op, Operation
 from lota.s3.xml import DeleteRequest, delete_result
 
@@ -211,16 +211,8 @@ async def merged_listing(wanted: ListRequest, origin: OriginClient, catalog: Cat
                 last_key=rows[-1].key if rows else None,
             )
         elif (after := merger.needs_origin_after()) is not None:
-            query = [("list-type", "2"), ("prefix", wanted.prefix), ("encoding-type", "url")]
-            query.append(("max-keys", "1000"))
-            if after:
-                query.append(("start-after", after))
-            async with origin.request("GET", wanted.bucket, "", query=query) as reply:
-                body = await reply.read()
-                if reply.status != 200:
-                    raise OriginError(f"origin listing failed: {reply.status} {body[:200]!r}")
-            contents, _, truncated, _ = parse_origin_page(body)
-            merger.feed_origin(contents, truncated=truncated)
+            found = await origin_page(origin, wanted.bucket, wanted.prefix, start_after=after)
+            merger.feed_origin(found.contents, truncated=found.truncated)
     return render(wanted, page.contents, page.prefixes, page.truncated, page.next_after)
 
 

@@ -368,6 +368,34 @@ def test_the_last_kib_of_a_cold_1gib_object_moves_about_one_chunk(
     assert recorder.bytes_sent(f"/{bucket}/huge") == moved
 
 
+def test_a_cold_suffix_range_is_one_origin_request_and_then_a_hit(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    """The parquet-footer read: the last bytes of an object nobody has read. One GET of
+    the tail (no HEAD first); the whole chunks in it are kept, so the next tail read and
+    a read of the footer's chunk are hits."""
+    node = node_factory()
+    size = 3 * CHUNK + 1000
+    data = _put(origin_s3, bucket, "part.parquet", size)
+    recorder.clear()
+    s3 = client_for(node.url)
+    assert _get(s3, bucket, "part.parquet", Range="bytes=-8") == (data[-8:], "MISS")
+    seen = [(r.method, r.range) for r in recorder.requests(path=f"/{bucket}/part.parquet")]
+    assert seen == [("GET", f"bytes=-{8 + CHUNK - 1}")]
+    assert recorder.bytes_sent(f"/{bucket}/part.parquet") == 8 + CHUNK - 1
+    assert _get(s3, bucket, "part.parquet", Range="bytes=-8") == (data[-8:], "HIT")
+    assert _get(s3, bucket, "part.parquet", Range=f"bytes={3 * CHUNK}-") == (
+        data[3 * CHUNK :],
+        "HIT",
+    )
+    assert len(recorder.requests(path=f"/{bucket}/part.parquet")) == 1
+    # A suffix longer than the object is all of it, in the same one request.
+    small = _put(origin_s3, bucket, "small", 1000)
+    assert _get(s3, bucket, "small", Range="bytes=-5000") == (small, "MISS")
+    assert _get(s3, bucket, "small") == (small, "HIT")
+    assert len(recorder.requests(path=f"/{bucket}/small")) == 1
+
+
 def test_an_overwrite_through_lota_is_never_answered_with_old_bytes(
     node_factory: NodeFactory, bucket: str
 ) -> None:
@@ -459,7 +487,7 @@ def test_a_miss_on_an_origin_that_accepts_but_never_answers_is_503_after_origin_
     recorder.stall = True
     calls: list[Callable[[], Any]] = [
         lambda: s3.get_object(Bucket=bucket, Key="cold"),  # a fill's GET
-        lambda: s3.get_object(Bucket=bucket, Key="cold", Range="bytes=-10"),  # HEAD first
+        lambda: s3.get_object(Bucket=bucket, Key="cold", Range="bytes=-10"),  # a tail's GET
         lambda: s3.head_object(Bucket=bucket, Key="cold"),
         lambda: s3.list_objects_v2(Bucket=bucket),  # pass-through
     ]

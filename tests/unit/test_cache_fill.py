@@ -1,40 +1,92 @@
-"""A fill that ends in an unexpected error still releases everyone waiting on it."""
+"""Fills from a ChunkSource: which bytes they ask for, where they put them, and that one
+ending in an unexpected error still releases everyone waiting on it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from multidict import CIMultiDict
 
 from lota.cache.fill import Filler
-from lota.cache.store import CacheStore, ObjectMeta
+from lota.cache.source import SourceKind
+from lota.cache.store import CachedObject, CacheStore, ObjectMeta
 from lota.clock import FakeClock
 from lota.metrics import Metrics
 from lota.s3.errors import OriginError
+from lota.s3.ranges import parse_range
 from lota.tasks import TaskGroup
 
 CS = 64 * 1024
 
 
-class _BrokenOrigin:
-    """An origin whose replies blow up with an error no handler expects (a bug)."""
+class _BrokenSource:
+    """A source whose replies blow up with an error no handler expects (a bug)."""
 
-    region = SimpleNamespace(name="r")
+    kind: SourceKind = "origin"
+    name = "r"
 
     def __init__(self) -> None:
         self.requests = 0
 
     @asynccontextmanager
-    async def request(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def get(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         self.requests += 1
         await asyncio.sleep(0.01)
         raise KeyError("unexpected")
         yield  # pragma: no cover
+
+    head = get
+
+
+class _Reply:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = CIMultiDict(headers)
+        self._body = body
+
+    async def read(self, count: int) -> bytes:
+        piece, self._body = self._body[:count], self._body[count:]
+        return piece
+
+    async def pieces(self, size: int) -> AsyncIterator[bytes]:
+        while piece := await self.read(size):
+            yield piece
+
+
+class _MemorySource:
+    """One object held in memory, answered as S3 answers a GET (or, with `ranges` off, as
+    a server that ignores Range); every Range asked for is kept."""
+
+    kind: SourceKind = "origin"
+    name = "memory"
+
+    def __init__(self, data: bytes, *, ranges: bool = True) -> None:
+        self.data = data
+        self.ranges = ranges
+        self.asked: list[str] = []
+
+    @asynccontextmanager
+    async def get(
+        self, bucket: str, key: str, *, byte_range: str = "", if_match: str = ""
+    ) -> AsyncIterator[_Reply]:
+        self.asked.append(byte_range)
+        size = len(self.data)
+        headers = {"etag": '"e"', "last-modified": "Wed, 02 Dec 2026 10:00:00 GMT"}
+        wanted = parse_range(byte_range) if self.ranges else None
+        if wanted is None:
+            yield _Reply(200, {**headers, "content-length": str(size)}, self.data)
+            return
+        first, last = wanted.resolve(size)
+        headers["content-range"] = f"bytes {first}-{last}/{size}"
+        yield _Reply(206, headers, self.data[first : last + 1])
+
+    head = get
 
 
 @pytest.fixture
@@ -46,7 +98,7 @@ async def filler(tmp_path: Path) -> AsyncIterator[Filler]:
 
 
 async def test_waiters_of_a_cold_fill_get_an_error_not_a_hang(filler: Filler) -> None:
-    origin = _BrokenOrigin()
+    origin = _BrokenSource()
     job = filler.start(origin, "b", "k", 0, None)
     assert filler.start(origin, "b", "k", 0, None) is job
     with pytest.raises(OriginError):
@@ -67,7 +119,7 @@ async def test_readers_following_chunk_fills_are_released(filler: Filler) -> Non
         validated_at=0.0,
     )
     obj = await filler.store.admit(meta)
-    job = filler.start(_BrokenOrigin(), "b", "k", 0, None, obj)
+    job = filler.start(_BrokenSource(), "b", "k", 0, None, obj)
     fills = [filler.fill_for(obj, i) for i in range(3)]
     assert all(f is not None for f in fills)
     for fill in fills:
@@ -78,3 +130,56 @@ async def test_readers_following_chunk_fills_are_released(filler: Filler) -> Non
     assert [filler.fill_for(obj, i) for i in range(3)] == [None, None, None]
     with pytest.raises(OriginError):
         job.result.result()
+
+
+async def _filled(filler: Filler, job: Any) -> CachedObject:
+    await asyncio.wait_for(job.done.wait(), 5)
+    obj = job.result.result()
+    assert isinstance(obj, CachedObject)
+    return obj
+
+
+async def _chunk(filler: Filler, obj: CachedObject, index: int) -> bytes:
+    reader = await filler.store.open_chunk(obj, index)
+    assert reader is not None
+    try:
+        return os.pread(reader.fd, CS, 0)
+    finally:
+        reader.close()
+
+
+async def test_a_cold_suffix_fill_asks_once_and_keeps_the_whole_chunks_of_the_tail(
+    filler: Filler,
+) -> None:
+    data = bytes(range(256)) * (10 * CS // 256 + 3)  # 10 chunks and a bit
+    source = _MemorySource(data)
+    # The last 100 bytes, as the read path asks for them: 100 + CS - 1 from the end.
+    job = filler.start(source, "b", "k", 0, None, suffix=100 + CS - 1)
+    obj = await _filled(filler, job)
+    assert source.asked == [f"bytes=-{100 + CS - 1}"]
+    assert obj.meta.size == len(data)
+    count = -(-len(data) // CS)
+    # The answer began inside chunk count - 2: that chunk is not kept (it is partial),
+    # the last one is, whole, with its own bytes.
+    assert not filler.store.has_chunk(obj, count - 2)
+    assert filler.store.has_chunk(obj, count - 1)
+    assert await _chunk(filler, obj, count - 1) == data[(count - 1) * CS :]
+
+
+async def test_a_suffix_longer_than_the_object_fills_all_of_it(filler: Filler) -> None:
+    data = b"x" * (CS + 5)
+    source = _MemorySource(data)
+    obj = await _filled(filler, filler.start(source, "b", "k", 0, None, suffix=3 * CS))
+    assert [filler.store.has_chunk(obj, i) for i in range(2)] == [True, True]
+    assert await _chunk(filler, obj, 1) == b"x" * 5
+
+
+async def test_a_range_fill_from_a_source_that_ignores_range_skips_to_its_chunks(
+    filler: Filler,
+) -> None:
+    data = b"".join(bytes([i]) * CS for i in range(4))
+    source = _MemorySource(data, ranges=False)
+    obj = await _filled(filler, filler.start(source, "b", "k", 2, 2))
+    assert source.asked == [f"bytes={2 * CS}-{3 * CS - 1}"]
+    assert [filler.store.has_chunk(obj, i) for i in range(4)] == [False, False, True, False]
+    assert await _chunk(filler, obj, 2) == bytes([2]) * CS

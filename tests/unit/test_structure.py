@@ -51,6 +51,33 @@ def imports(module: str, *, in_functions: bool = False) -> set[str]:
     return found
 
 
+def outside_imports(module: str) -> set[str]:
+    """The top-level names of what `module` imports from outside the package when it is
+    loaded (``asyncio``, ``aiohttp``...)."""
+    path = modules()[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: set[str] = set()
+    for node in _import_nodes(tree.body, False):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.partition(".")[0] for alias in node.names)
+        elif not node.level and node.module:
+            found.add(node.module.partition(".")[0])
+    return found - {"lota"}
+
+
+def reachable(module: str) -> set[str]:
+    """`module` and every module of the package loading it loads."""
+    graph = import_graph()
+    seen = {module}
+    frontier = [module]
+    while frontier:
+        for child in graph[frontier.pop()]:
+            if child not in seen:
+                seen.add(child)
+                frontier.append(child)
+    return seen
+
+
 def import_graph(*, in_functions: bool = False) -> dict[str, set[str]]:
     """Each module of the package and the package's modules it imports."""
     return {module: imports(module, in_functions=in_functions) for module in modules()}
@@ -224,6 +251,33 @@ def test_every_exception_of_lota_is_a_lota_error_and_is_drawn_in_the_tree() -> N
     drawn = set(re.findall(r"^ {4}([A-Z]\w+)", errors.__doc__, re.M))  # the root
     drawn |= set(re.findall(r"^ {4}[│ ]*[├└]── ([A-Z]\w+)", errors.__doc__, re.M))
     assert drawn == set(public)
+
+
+def test_the_cache_reaches_its_sources_only_through_the_chunk_source_protocol() -> None:
+    """lota.cache never names the origins: the origin is one ChunkSource (built in
+    lota.node.build), and a peer will be another, without a change to the cache."""
+    cache = [name for name in modules() if name == "lota.cache" or name.startswith("lota.cache.")]
+    loaded = {name: reachable(name) for name in cache}
+    assert {
+        name: sorted(m for m in found if m.startswith("lota.regions"))
+        for name, found in loaded.items()
+        if any(m.startswith("lota.regions") for m in found)
+    } == {}
+
+
+def test_the_read_plan_is_sans_io() -> None:
+    """lota.cache.plan decides, it does not talk: nothing it loads uses asyncio or aiohttp."""
+    loaded = reachable("lota.cache.plan")
+    io = {name: outside_imports(name) & {"asyncio", "aiohttp", "uvloop"} for name in loaded}
+    assert {name: found for name, found in io.items() if found} == {}
+    assert "lota.cache.store" not in loaded  # the plan takes the entry's fields, not the store
+
+
+def test_the_import_readers_see_outside_imports_and_what_a_module_loads() -> None:
+    assert {"asyncio", "aiohttp"} <= outside_imports("lota.cache.fill") | outside_imports(
+        "lota.cache.reads"
+    )
+    assert "lota.errors" in reachable("lota.s3.errors")
 
 
 MAX_MODULE_LINES = 600  # past this a module holds more than one concern: split it

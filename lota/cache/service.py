@@ -1,0 +1,93 @@
+"""What the rest of a node may ask of its cache: :class:`ChunkService`.
+
+The front end's read path, warming, write invalidation, and later the peer endpoint of
+the cluster and the worker processes of a node, all go through this one interface; the
+store (:mod:`lota.cache.store`) and the fills (:mod:`lota.cache.fill`) behind it are its
+business. Lookups, chunk opens and hot reads answer at once from memory; fills start
+with single flight: however many ask for a chunk, one request to a source fetches it.
+"""
+
+from __future__ import annotations
+
+from lota.cache.fill import ChunkFill, Filler, FillJob
+from lota.cache.plan import chunk_span
+from lota.cache.source import ChunkSource
+from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta
+
+
+class ChunkService:
+    """A node's cache: the objects and chunks it holds, and the fills that add to them."""
+
+    def __init__(self, store: CacheStore, filler: Filler) -> None:
+        self._store = store
+        self._filler = filler
+        self.chunk_size = filler.chunk_size
+
+    # -- what is held -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Changes whenever an entry is replaced or dropped: an admission ``since`` an
+        epoch loses to any change made meanwhile."""
+        return self._store.epoch
+
+    def lookup(self, bucket: str, key: str) -> CachedObject | None:
+        return self._store.lookup(bucket, key)
+
+    async def admit(self, meta: ObjectMeta, since: int | None = None) -> CachedObject:
+        """Keep `meta` as the entry of its (bucket, key), unless it changed `since`."""
+        return await self._store.admit(meta, since=since)
+
+    async def invalidate(self, bucket: str, key: str) -> None:
+        await self._store.invalidate(bucket, key)
+
+    def has_chunk(self, obj: CachedObject, index: int) -> bool:
+        return self._store.has_chunk(obj, index)
+
+    def holds(self, obj: CachedObject, first: int, last: int) -> bool:
+        """Whether every chunk holding bytes first..last of `obj` is cached."""
+        return all(self._store.has_chunk(obj, i) for i in chunk_span(first, last, self.chunk_size))
+
+    async def open_chunk(self, obj: CachedObject, index: int) -> ChunkReader | None:
+        """The chunk's file descriptor and length (verified first if the policy says so),
+        for a zero-copy send; None when it is not cached or fails its check."""
+        return await self._store.open_chunk(obj, index)
+
+    def read_hot(
+        self, obj: CachedObject, index: int, offset: int, count: int
+    ) -> bytes | bytearray | None:
+        """Bytes of a chunk already open and in the page cache, read without a thread."""
+        return self._store.read_hot(obj, index, offset, count)
+
+    def drop_unreadable(self, obj: CachedObject, index: int) -> None:
+        """A chunk turned out short or unreadable: forget it (it is refetched)."""
+        self._store.drop_unreadable(obj, index)
+
+    # -- fills --------------------------------------------------------------------------
+
+    def fill(
+        self,
+        source: ChunkSource,
+        bucket: str,
+        key: str,
+        first: int,
+        last: int | None,
+        known: CachedObject | None = None,
+        *,
+        suffix: int = 0,
+    ) -> FillJob:
+        """Fetch chunks first..last (None: to the end; or, for an object not known yet,
+        the chunks within its last `suffix` bytes) from `source` in one request, into the
+        cache; the chunks someone else holds or fills are skipped."""
+        return self._filler.start(source, bucket, key, first, last, known, suffix=suffix)
+
+    def filling(self, obj: CachedObject, index: int) -> ChunkFill | None:
+        """The fill bringing chunk `index` of `obj` in, if one is."""
+        return self._filler.fill_for(obj, index)
+
+    def coming_soon(self, fill: ChunkFill) -> bool:
+        return self._filler.coming_soon(fill)
+
+    def cold_job(self, bucket: str, key: str) -> FillJob | None:
+        """A fill of an object whose metadata is not known yet, if one is running."""
+        return self._filler.cold_job(bucket, key)

@@ -1,0 +1,57 @@
+"""Where the cache's bytes come from: the :class:`ChunkSource` protocol.
+
+The cache asks a source two things about an object, and nothing else: its metadata (a
+HEAD, optionally of one part, optionally conditional on the ETag the cache holds) and a
+run of its bytes (a GET with a Range and ``If-Match`` on the version being filled). The
+answer is a :class:`SourceReply`: status, headers, and the body as it arrives.
+
+The origin (:class:`lota.regions.source.OriginSource`) is the first source; a peer node
+of the cluster is the next. A source says which kind it is (``kind``) and counts the body
+bytes it receives under its own name (``name``), so the cache never learns how a source
+reaches its bytes. This module imports nothing of the cache, nor of the origins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Literal, Protocol
+
+SourceKind = Literal["origin", "peer"]
+
+
+class SourceReply(Protocol):
+    """One answer of a source, its body unread (it is released when the block ends)."""
+
+    status: int
+    headers: Mapping[str, str]
+    """Case-insensitive, as the source sent them."""
+
+    async def read(self, count: int) -> bytes:
+        """Up to `count` bytes of the body; ``b""`` at its end."""
+        ...
+
+    def pieces(self, size: int) -> AsyncIterator[bytes]:
+        """The rest of the body in pieces of up to `size` bytes."""
+        ...
+
+
+class ChunkSource(Protocol):
+    """Object metadata and byte ranges, for one bucket's objects."""
+
+    kind: SourceKind
+    name: str
+    """What the source's traffic is counted under (an origin: its region)."""
+
+    def head(
+        self, bucket: str, key: str, *, part: int | None = None, if_none_match: str = ""
+    ) -> AbstractAsyncContextManager[SourceReply]:
+        """The object's metadata (of part `part`, if given)."""
+        ...
+
+    def get(
+        self, bucket: str, key: str, *, byte_range: str = "", if_match: str = ""
+    ) -> AbstractAsyncContextManager[SourceReply]:
+        """The object's bytes (those `byte_range` names, a Range header value), with its
+        full metadata including checksums; 412 when `if_match` is not its ETag."""
+        ...
