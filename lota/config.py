@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from lota.errors import ConfigError, StartupError
+from lota.errors import ConfigError
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.config import from_toml as lifecycle_from_toml
 from lota.lifecycle.rules import TIERS
@@ -43,7 +43,7 @@ from lota.settings import (
     split_table,
 )
 
-__all__ = ["Config", "ConfigError", "StartupError", "load", "parse_duration", "parse_size"]
+__all__ = ["Config", "load", "parse_duration", "parse_size"]
 
 
 def parse_listen(value: str) -> tuple[str, int]:

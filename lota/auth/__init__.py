@@ -162,7 +162,7 @@ class Authenticator:
     def _require(principal: Principal, action: str, resource: str, operation: str) -> None:
         if not principal.policy.allows(action, resource):
             logger.info("denied %s: %s needs %s on %s", principal.name, operation, action, resource)
-            raise Refused(S3Error("AccessDenied", "Access Denied"), operation, principal.name)
+            raise Refused(S3Error("AccessDenied"), operation, principal.name)
 
 
 def _asked_for(view: RequestView, bucket: str, key: str) -> str:

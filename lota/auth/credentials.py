@@ -14,7 +14,7 @@ The credentials file lists one ``[[principal]]`` table per identity::
 
 ``policy`` is an IAM JSON document (a string, or the same structure written as a TOML
 table). A principal without a policy may authenticate but is denied everything, so a
-forgotten policy fails closed. Every problem is a :class:`~lota.config.ConfigError` naming
+forgotten policy fails closed. Every problem is a :class:`~lota.errors.ConfigError` naming
 the file, the principal and what is wrong. :func:`write_new` starts a file with one
 principal allowed everything (``lota credentials new FILE``).
 """

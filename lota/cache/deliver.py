@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from lota.aiohttp_internals import payload_writer
 from lota.cache.fill import ChunkFill
 from lota.cache.plan import pieces
 from lota.cache.service import ChunkService
@@ -25,6 +26,7 @@ from lota.cache.store import CachedObject, read_resident
 from lota.errors import LotaError, OriginError
 from lota.http import sent_beside
 from lota.metrics import Metrics
+from lota.threads import run_in_thread, submit
 
 PIECE = 1024 * 1024
 # A read this small costs less on the event loop than handed to a thread, when the page
@@ -209,7 +211,6 @@ class Deliverer:
         offset: int,
         count: int,
     ) -> None:
-        loop = asyncio.get_running_loop()
         transport = request.transport
         sock = transport.get_extra_info("socket") if transport is not None else None
         if (
@@ -230,7 +231,7 @@ class Deliverer:
                 offset += len(data)
                 count -= len(data)
             return
-        writer = response._payload_writer
+        writer = payload_writer(response)
         assert writer is not None
         writer.send_headers()
         await writer.drain()
@@ -239,7 +240,7 @@ class Deliverer:
         # A duplicate descriptor: if the client goes away and the loop closes the socket,
         # its number cannot be reused under our feet while the thread is still sending.
         out = os.dup(sock.fileno())
-        sending = loop.run_in_executor(self._sendfile_pool, _sendfile, out, fd, offset, count)
+        sending = submit(_sendfile, out, fd, offset, count, executor=self._sendfile_pool)
         try:
             await asyncio.shield(sending)
         finally:
@@ -254,10 +255,11 @@ class Deliverer:
 
 async def _pread(fd: int, count: int, offset: int) -> bytes | bytearray:
     """Like ``os.pread``: on the event loop if small and in the page cache, else on a
-    thread, so a cold or failing drive never stalls the loop."""
+    thread, so a cold or failing drive never stalls the loop (a cancelled caller waits for
+    the read before it closes `fd`)."""
     if count <= INLINE_READ and (data := read_resident(fd, count, offset)) is not None:
         return data
-    return await asyncio.get_running_loop().run_in_executor(None, os.pread, fd, count, offset)
+    return await run_in_thread(os.pread, fd, count, offset)
 
 
 def _sendfile(out: int, fd: int, offset: int, count: int) -> None:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from lota.cache.layout import chunk_count, chunk_length
 from lota.cache.plan import ColdFetch, body_start, first_whole_chunk
 from lota.cache.source import ChunkSource, SourceReply
 from lota.cache.store import CachedObject, CacheStore, CacheWriteError, ChunkWriter, ObjectMeta
@@ -234,20 +235,17 @@ class Filler:
         """Claim the chunks of `job` that nobody holds or fills; None marks the others."""
         m = obj.meta
         job.etag = m.etag
-        count = -(-m.size // self.chunk_size)
+        count = chunk_count(m.size, self.chunk_size)
         job.last = count - 1 if job.last is None else min(job.last, count - 1)
         for index in range(job.first, job.last + 1):
             ident = (m.bucket, m.key, m.etag, index)
             if ident in self._fills or self.store.has_chunk(obj, index):
                 job.claimed.append((index, None))
                 continue
-            fill = ChunkFill(index, self.chunk_length(m.size, index))
+            fill = ChunkFill(index, chunk_length(m.size, self.chunk_size, index))
             fill.job = job
             self._fills[ident] = fill
             job.claimed.append((index, fill))
-
-    def chunk_length(self, size: int, index: int) -> int:
-        return max(0, min(self.chunk_size, size - index * self.chunk_size))
 
     async def _run(self, source: ChunkSource, job: FillJob) -> None:
         started = time.perf_counter()
@@ -319,7 +317,7 @@ class Filler:
         for index, fill in job.claimed:
             job.at = index
             if fill is None:
-                await self._skip(response, self.chunk_length(obj.meta.size, index))
+                await self._skip(response, chunk_length(obj.meta.size, self.chunk_size, index))
             else:
                 await self._fill_chunk(response, obj, fill)
 

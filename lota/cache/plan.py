@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from lota.cache.layout import chunk_count
 from lota.config import CacheConfig
 from lota.s3.addressing import Target
 from lota.s3.errors import S3Error
@@ -271,5 +272,5 @@ class Sequential:
             self._last_chunk.popitem(last=False)
         if previous is None or not previous <= first_chunk <= previous + 1:
             return range(0)
-        count = max(1, -(-size // self._cs))
+        count = max(1, chunk_count(size, self._cs))
         return range(last_chunk + 1, min(count, last_chunk + 1 + self._readahead))

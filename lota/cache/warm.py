@@ -30,12 +30,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from lota.cache.layout import chunk_count
 from lota.cache.service import ChunkService
 from lota.cache.source import ChunkSource
 from lota.cache.store import CachedObject
 from lota.errors import OriginError
 from lota.metrics import Metrics
-from lota.s3.errors import S3Error, invalid_argument
+from lota.s3.errors import MESSAGES, S3Error, invalid_argument
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.cache")
@@ -187,7 +188,7 @@ class Warm:
         elif isinstance(exc, OriginError):
             code, message = "ServiceUnavailable", str(exc)
         else:
-            code, message = "InternalError", "We encountered an internal error."
+            code, message = "InternalError", MESSAGES["InternalError"]
         log.warning("warm of %s/%s stopped early: %s", self._bucket, self._prefix, exc)
         self.state.error = {"code": code, "message": message}
 
@@ -229,5 +230,5 @@ class Warm:
         cache = self._cache
         return all(
             cache.has_chunk(obj, i) or (in_flight and cache.filling(obj, i) is not None)
-            for i in range(-(-obj.meta.size // cache.chunk_size))
+            for i in range(chunk_count(obj.meta.size, cache.chunk_size))
         )

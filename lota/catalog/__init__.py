@@ -51,17 +51,13 @@ from lota.catalog.model import (
     retry_delay,
 )
 from lota.clock import Clock
-from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError
 
 __all__ = [
     "AccessRecord",
     "Catalog",
-    "CatalogError",
     "CatalogObject",
     "CatalogSettings",
     "CatalogURL",
-    "CatalogUnavailable",
-    "CatalogVersionError",
     "Event",
     "EventKind",
     "EventStream",

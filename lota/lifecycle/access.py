@@ -28,8 +28,9 @@ import contextlib
 import logging
 from collections import OrderedDict
 
-from lota.catalog import Catalog, CatalogError
+from lota.catalog import Catalog
 from lota.clock import Clock
+from lota.errors import CatalogError
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.lifecycle")

@@ -18,7 +18,7 @@ take the lease for a year.
 
 The lifecycle needs the catalog (access times and tiers live there): the config must set
 ``[catalog] url`` (no staging bucket: that is for write acceleration). Configuration
-problems raise :class:`lota.config.ConfigError`.
+problems raise :class:`lota.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import aiohttp
 from lota import config as configuration
 from lota.catalog import open_catalog
 from lota.clock import Clock
-from lota.config import Config, ConfigError
+from lota.config import Config
+from lota.errors import ConfigError
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.metrics import Metrics

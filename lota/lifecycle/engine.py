@@ -60,9 +60,9 @@ from datetime import datetime
 from typing import Protocol
 from urllib.parse import quote
 
-from lota.catalog import AccessRecord, Catalog, CatalogError
+from lota.catalog import AccessRecord, Catalog
 from lota.clock import Clock
-from lota.errors import LeaseLost, OriginError
+from lota.errors import CatalogError, LeaseLost, OriginError
 from lota.http import uri_encode
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.rules import (

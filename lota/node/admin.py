@@ -24,7 +24,8 @@ from lota.auth.body import make_decoder
 from lota.auth.sigv4 import RequestView
 from lota.cache.warm import parse_concurrency
 from lota.catalog import PendingSummary
-from lota.config import Config, ConfigError
+from lota.config import Config
+from lota.errors import ConfigError
 from lota.lifecycle.state import LifecycleState
 from lota.metrics import Metrics
 from lota.node.features import CacheFeature, CatalogFeature
@@ -111,7 +112,7 @@ class Admin:
         ``s3:GetObject`` is allowed (see :mod:`lota.cache.warm`)."""
         bucket = request.query.get("bucket", "")
         if not is_valid_bucket_name(bucket):
-            raise S3Error("InvalidBucketName", "The specified bucket is not valid.")
+            raise S3Error("InvalidBucketName")
         principal = self._auth.authorize(_view(request), "s3:ListBucket", bucket_arn(bucket))
         concurrency = parse_concurrency(request.query.get("concurrency"))
 

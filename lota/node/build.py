@@ -32,8 +32,9 @@ from lota.cache.store import CacheError, CacheStore
 from lota.cache.warm import Warm
 from lota.catalog import open_catalog
 from lota.clock import Clock
-from lota.config import Config, StartupError
+from lota.config import Config
 from lota.connections import connection_limits
+from lota.errors import StartupError
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.engine import Engine, OriginListing, OriginMover
 from lota.lifecycle.restore import Restores

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from lota.catalog import CatalogUnavailable
-from lota.s3.errors import OriginError, S3Error
+from lota.errors import CatalogUnavailable, OriginError
+from lota.s3.errors import S3Error
 
 log = logging.getLogger("lota.node")
 
@@ -29,7 +29,7 @@ def as_s3_error(exc: Exception, request_id: str) -> S3Error:
         log.warning("request %s: %s", request_id, exc)
         return S3Error("ServiceUnavailable", "The catalog could not be reached; retry later.")
     log.error("request %s failed", request_id, exc_info=exc)
-    return S3Error("InternalError", "We encountered an internal error. Please try again.")
+    return S3Error("InternalError")
 
 
 def error_response(exc: S3Error, request_id: str) -> web.Response:

@@ -137,4 +137,6 @@ class _NoCatalog:
         return 0
 
     async def pending_summary(self) -> PendingSummary:
-        raise S3Error("InvalidRequest", "Write acceleration is off on this node.")
+        raise S3Error(
+            "InvalidRequest", "This node has no catalog ([catalog] url): it migrates nothing."
+        )

@@ -20,8 +20,9 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from lota.aiohttp_internals import handler_kwargs, server_loop
-from lota.config import Config, StartupError
+from lota.config import Config
 from lota.connections import GuardedRequestHandler, GuardedServer
+from lota.errors import StartupError
 from lota.http import BodyWriter
 from lota.node.errors import error_response
 from lota.node.requests import next_request_id
@@ -47,7 +48,7 @@ class S3RequestHandler(GuardedRequestHandler):
             raise ConnectionError("response already started; cannot send an error")
         if status >= 500:
             self.log_exception("error handling request", exc_info=exc)
-            err = S3Error("InternalError", "We encountered an internal error. Please try again.")
+            err = S3Error("InternalError")
         elif isinstance(exc, LineTooLong):
             err = S3Error(
                 "RequestHeaderSectionTooLarge",

@@ -24,8 +24,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from lota.aiohttp_internals import bound_address
-from lota.config import Config, StartupError
+from lota.config import Config
 from lota.connections import ConnectionLimits
+from lota.errors import StartupError
 from lota.metrics import Metrics
 from lota.node.listener import MAX_REQUEST_LINE, S3Server, ssl_context
 from lota.node.requests import next_request_id

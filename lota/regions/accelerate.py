@@ -152,7 +152,7 @@ class Accelerator:
         pending = None if version_id else await self.catalog.get_object(bucket, key)
         if pending is not None and pending.pending:
             if pending.deleted:
-                raise S3Error("NoSuchKey", "The specified key does not exist.")
+                raise S3Error("NoSuchKey")
             size = pending.size
             source_headers: dict[str, str] = {
                 "content-type": pending.content_type,
@@ -320,13 +320,13 @@ def encode_upload_id(staging_key: str, upload: str, headers: Mapping[str, str]) 
 
 def decode_upload_id(upload_id: str) -> tuple[str, str, dict[str, str]]:
     if not upload_id.startswith(UPLOAD_ID_TAG):
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.")
+        raise S3Error("NoSuchUpload")
     try:
         text = upload_id[len(UPLOAD_ID_TAG) :]
         data = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         return str(data["k"]), str(data["u"]), {str(k): str(v) for k, v in data["h"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not ours, or forged
-        raise S3Error("NoSuchUpload", "The specified upload does not exist.") from exc
+        raise S3Error("NoSuchUpload") from exc
 
 
 def is_accelerated_upload(upload_id: str) -> bool:

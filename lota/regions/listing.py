@@ -67,7 +67,8 @@ from dataclasses import dataclass, field
 from urllib.parse import quote_plus, unquote_plus
 from xml.sax.saxutils import escape
 
-from lota.s3.errors import OriginError, S3Error, invalid_argument
+from lota.errors import OriginError
+from lota.s3.errors import S3Error, invalid_argument
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_PAGE = 1000  # S3 never lists more entries in one response

@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator, Callable
 from lota.catalog import Catalog, CatalogObject, retry_delay
 from lota.clock import Clock
 from lota.config import WriteConfig
+from lota.errors import LotaError, OriginError
 from lota.metrics import Metrics
 from lota.regions.accelerate import md5_base64, object_location
 from lota.regions.origin import OriginClient
 from lota.regions.staging import Staging
-from lota.s3.errors import LotaError, OriginError
 from lota.s3.xml import xml_text
 from lota.tasks import TaskGroup
 

@@ -26,9 +26,9 @@ from yarl import URL
 from lota.auth.sigv4 import sign_headers
 from lota.clock import Clock
 from lota.config import RegionConfig
+from lota.errors import LotaError, OriginError
 from lota.http import encode_query, uri_encode
 from lota.metrics import Metrics
-from lota.s3.errors import LotaError, OriginError
 
 log = logging.getLogger("lota.origin")
 

@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lota.errors import OriginError
 from lota.regions.origin import OriginClient
-from lota.s3.errors import OriginError, S3Error
+from lota.s3.errors import S3Error
 from lota.threads import run_in_thread
 
 STAGING_PREFIX = "lota-staging/"

@@ -130,7 +130,7 @@ def _parse_target(host: str, raw_target: str, domain: str) -> Target:
         bucket, _, key = path[1:].partition("/")
         virtual = False
     if bucket and not is_valid_bucket_name(bucket):
-        raise S3Error("InvalidBucketName", "The specified bucket is not valid.", resource=bucket)
+        raise S3Error("InvalidBucketName", resource=bucket)
     if len(key.encode()) > MAX_KEY_BYTES:
         raise S3Error("KeyTooLongError", "Your key is too long.")
     if "\x00" in key:

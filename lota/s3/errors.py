@@ -3,8 +3,7 @@
 Every error that reaches a client is an :class:`S3Error`, rendered as S3 XML with the
 status the table below gives its code. Build them with :func:`s3_error` (or the named
 helpers below) so that each S3 code has exactly one status. :class:`LotaError` and
-:class:`OriginError` are defined in :mod:`lota.errors`, where the whole error tree is
-drawn, and can be imported from here too.
+:class:`OriginError` are in :mod:`lota.errors`, where the whole error tree is drawn.
 """
 
 from __future__ import annotations
@@ -12,12 +11,10 @@ from __future__ import annotations
 import re
 from xml.sax.saxutils import escape
 
-from lota.errors import LotaError, OriginError
+from lota.errors import LotaError
 
 __all__ = [
     "STATUS",
-    "LotaError",
-    "OriginError",
     "S3Error",
     "access_denied",
     "invalid_argument",
@@ -64,18 +61,31 @@ STATUS: dict[str, int] = {
 }
 
 
+# S3's own wording for the codes LOTA answers in more than one place: the message when
+# none is given.
+MESSAGES: dict[str, str] = {
+    "AccessDenied": "Access Denied",
+    "InternalError": "We encountered an internal error. Please try again.",
+    "InvalidBucketName": "The specified bucket is not valid.",
+    "NoSuchKey": "The specified key does not exist.",
+    "NoSuchUpload": "The specified upload does not exist.",
+}
+
+
 class S3Error(LotaError):
-    """An error answered to the client as S3 XML. Use :func:`s3_error` to build one."""
+    """An error answered to the client as S3 XML, with the status the table gives `code`
+    and, without a `message`, S3's own wording for it (:data:`MESSAGES`)."""
 
     def __init__(
         self,
         code: str,
-        message: str,
+        message: str = "",
         *,
         status: int | None = None,
         resource: str = "",
         extra: dict[str, str] | None = None,
     ) -> None:
+        message = message or MESSAGES.get(code, code)
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
@@ -124,7 +134,7 @@ def s3_error(code: str, message: str, **kwargs: object) -> S3Error:
     return S3Error(code, message, **kwargs)  # type: ignore[arg-type]
 
 
-def access_denied(message: str = "Access Denied") -> S3Error:
+def access_denied(message: str = "") -> S3Error:
     return S3Error("AccessDenied", message)
 
 

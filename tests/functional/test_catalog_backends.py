@@ -17,17 +17,9 @@ from pathlib import Path
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from lota.catalog import (
-    Catalog,
-    CatalogError,
-    CatalogSettings,
-    CatalogUnavailable,
-    CatalogVersionError,
-    EventKind,
-    PendingObject,
-    open_catalog,
-)
+from lota.catalog import Catalog, CatalogSettings, EventKind, PendingObject, open_catalog
 from lota.clock import FakeClock
+from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError
 from tests.postgres import PostgresServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from lota.config import StartupError
+from lota.errors import StartupError
 from lota.testing.node import node_config, running_node
 
 

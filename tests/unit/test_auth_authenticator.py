@@ -19,7 +19,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from lota.auth import Authenticator, Authorized, Refused
 from lota.auth.sigv4 import RequestView
 from lota.clock import FakeClock
-from lota.config import AuthConfig, ConfigError
+from lota.config import AuthConfig
+from lota.errors import ConfigError
 from lota.s3.addressing import parse_target
 from lota.s3.errors import S3Error
 

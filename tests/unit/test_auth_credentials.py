@@ -8,7 +8,7 @@ import pytest
 
 from lota.auth.credentials import CredentialStore, Principal
 from lota.auth.policy import Policy
-from lota.config import ConfigError
+from lota.errors import ConfigError
 
 READER = '{"Statement":[{"Effect":"Allow","Action":["s3:Get*","s3:List*"],"Resource":"*"}]}'
 

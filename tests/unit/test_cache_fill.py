@@ -17,8 +17,8 @@ from lota.cache.fill import Filler
 from lota.cache.source import SourceKind
 from lota.cache.store import CachedObject, CacheStore, ObjectMeta
 from lota.clock import FakeClock
+from lota.errors import OriginError
 from lota.metrics import Metrics
-from lota.s3.errors import OriginError
 from lota.s3.ranges import parse_range
 from lota.tasks import TaskGroup
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lota.catalog import CatalogError, PendingObject, parse_url, retry_delay
+from lota.catalog import PendingObject, parse_url, retry_delay
 from lota.catalog.base import CatalogSettings, redact
 from lota.catalog.events import MAX_GAPS, EventCursor
 from lota.catalog.model import (
@@ -18,6 +18,7 @@ from lota.catalog.model import (
     object_values,
     prefix_end,
 )
+from lota.errors import CatalogError
 
 # Keys as S3 sees them: any characters but surrogates (not valid in UTF-8).
 keys = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)

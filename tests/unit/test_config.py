@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from lota.config import Config, ConfigError, load, settings
+from lota.config import Config, load, settings
+from lota.errors import ConfigError
 from lota.lifecycle.rules import Rule, Transition
 
 ORIGIN = {"LOTA_ORIGIN": "http://127.0.0.1:1"}

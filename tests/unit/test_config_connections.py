@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lota.config import Config, ConfigError, load
+from lota.config import Config, load
+from lota.errors import ConfigError
 
 
 def _load(tmp_path: Path, toml: str) -> Config:

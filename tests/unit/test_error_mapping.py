@@ -8,10 +8,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from lota.catalog import CatalogError, CatalogUnavailable
+from lota.errors import CatalogError, CatalogUnavailable, OriginError
 from lota.node.errors import as_s3_error
 from lota.regions.accelerate import UPLOAD_ID_TAG, decode_upload_id, encode_upload_id
-from lota.s3.errors import OriginError, S3Error
+from lota.s3.errors import S3Error
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lota.clock import Clock
-from lota.config import ConfigError
+from lota.errors import ConfigError
 from lota.lifecycle.cli import load_config, parse_now, plan_command
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from lota.catalog import Catalog, CatalogError, open_catalog
+from lota.catalog import Catalog, open_catalog
 from lota.clock import Clock, FakeClock
+from lota.errors import CatalogError, OriginError
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.engine import LEASE, Engine, parse_time
 from lota.lifecycle.rules import DAY, Decision, ObjectInfo, Rule, Tiers, Transition, plan
-from lota.s3.errors import OriginError
 
 START = 1_900_000_000.0
 KiB = 1024

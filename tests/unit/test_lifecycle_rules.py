@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lota.catalog import AccessRecord
-from lota.config import ConfigError
+from lota.errors import ConfigError
 from lota.lifecycle.config import LifecycleConfig, from_toml, rules_from_data
 from lota.lifecycle.rules import (
     DAY,

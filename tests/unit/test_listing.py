@@ -23,6 +23,7 @@ from botocore.exceptions import ClientError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lota.errors import OriginError
 from lota.regions.listing import (
     MAX_KEY_BYTES,
     Entry,
@@ -37,7 +38,7 @@ from lota.regions.listing import (
     render,
     skip_past,
 )
-from lota.s3.errors import OriginError, S3Error
+from lota.s3.errors import S3Error
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 WHEN = "2026-12-02T17:35:00.000Z"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lota.catalog import CatalogUnavailable
 from lota.catalog.model import CatalogObject
 from lota.clock import FakeClock
 from lota.config import WriteConfig
+from lota.errors import CatalogUnavailable
 from lota.metrics import Metrics
 from lota.regions.migrator import Migrator
 

@@ -310,15 +310,6 @@ class CacheStore:
             self._table.forget(obj)
             self._counts["invalidated"] += 1
 
-    async def invalidate_prefix(self, bucket: str, prefix: str) -> int:
-        """Drop every entry of `bucket` whose key starts with `prefix`; returns how many."""
-        self.epoch += 1
-        doomed = self._table.under(bucket, prefix)
-        for obj in doomed:
-            self._table.forget(obj)
-        self._counts["invalidated"] += len(doomed)
-        return len(doomed)
-
     def has_chunk(self, obj: CachedObject, index: int) -> bool:
         return obj.alive and index in obj.chunks
 

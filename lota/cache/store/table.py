@@ -21,7 +21,7 @@ from typing import Any
 from lota.cache.eviction import S3FIFO
 from lota.cache.files import ChunkFiles
 from lota.cache.index import ChunkRow, Index, ObjectRow
-from lota.cache.layout import BLOCK, STEM, blocks, chunk_path
+from lota.cache.layout import STEM, blocks, chunk_path
 from lota.cache.store.budget import Budget
 from lota.cache.store.entries import CachedObject, Chunk, ObjectMeta, fingerprint, meta_from_row
 from lota.cache.store.fdcache import FdCache
@@ -79,9 +79,6 @@ class ChunkTable:
 
     def by_stem(self, stem: str) -> CachedObject | None:
         return self._stems.get(stem)
-
-    def under(self, bucket: str, prefix: str) -> list[CachedObject]:
-        return [o for k, o in self._objects.get(bucket, {}).items() if k.startswith(prefix)]
 
     def all_chunks(self) -> list[Chunk]:
         return [c for o in list(self._stems.values()) for c in o.chunks.values()]
@@ -274,7 +271,7 @@ class ChunkTable:
             # One shared int object for all full chunks; digests are stored signed.
             chunk = Chunk(obj, index, d, cs if length == cs else length, digest & _U64)
             obj.chunks[index] = chunk
-            size = -(-length // BLOCK) * BLOCK
+            size = blocks(length)
             per_dir[d] += size
             count += 1
             if obj.pinned:
