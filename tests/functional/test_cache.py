@@ -383,7 +383,7 @@ def test_a_cold_suffix_range_is_one_origin_request_and_then_a_hit(
     seen = [(r.method, r.range) for r in recorder.requests(path=f"/{bucket}/part.parquet")]
     assert seen == [("GET", f"bytes=-{8 + CHUNK - 1}")]
     assert recorder.bytes_sent(f"/{bucket}/part.parquet") == 8 + CHUNK - 1
-    assert _get(s3, bucket, "part.parquet", Range="bytes=-8") == (data[-8:], "HIT")
+    assert _hit(s3, bucket, "part.parquet", Range="bytes=-8") == (data[-8:], "HIT")
     assert _get(s3, bucket, "part.parquet", Range=f"bytes={3 * CHUNK}-") == (
         data[3 * CHUNK :],
         "HIT",
@@ -392,7 +392,7 @@ def test_a_cold_suffix_range_is_one_origin_request_and_then_a_hit(
     # A suffix longer than the object is all of it, in the same one request.
     small = _put(origin_s3, bucket, "small", 1000)
     assert _get(s3, bucket, "small", Range="bytes=-5000") == (small, "MISS")
-    assert _get(s3, bucket, "small") == (small, "HIT")
+    assert _hit(s3, bucket, "small") == (small, "HIT")
     assert len(recorder.requests(path=f"/{bucket}/small")) == 1
 
 
@@ -476,7 +476,7 @@ def test_an_origin_that_accepts_but_never_answers_a_revalidation_gives_stale_aft
     time.sleep(1.2)
     started = time.monotonic()
     assert _get(s3, bucket, "k") == (b"cached", "STALE")
-    assert 0.9 < time.monotonic() - started < 3.0
+    assert 0.9 < time.monotonic() - started < 8.0
 
 
 def test_a_miss_on_an_origin_that_accepts_but_never_answers_is_503_after_origin_timeout(
@@ -496,7 +496,9 @@ def test_a_miss_on_an_origin_that_accepts_but_never_answers_is_503_after_origin_
         with pytest.raises(s3.exceptions.ClientError) as err:
             call()
         assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
-        assert 0.9 < time.monotonic() - started < 3.0
+        # The bound only tells origin_timeout (1 s) from the 120 s wait this guards
+        # against; a loaded CI machine has been seen to take 3.01 s.
+        assert 0.9 < time.monotonic() - started < 8.0
 
 
 def test_an_origin_body_pausing_longer_than_origin_timeout_is_still_read_whole(
