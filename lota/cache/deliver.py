@@ -1,15 +1,19 @@
 """Sending a byte range of a cached object to the client, chunk by chunk.
 
 Each chunk comes from the first place that has it: the cache (sent zero-copy with
-``sendfile`` for large pieces), a fill in progress (followed as it grows), or, when the
-cache cannot hold it, the object's source directly. Whatever happens to the cache, the client gets
-the right bytes or, once headers are out, a cut connection; never wrong or missing bytes.
+``sendfile`` for large pieces), a fill in progress (followed as it grows), a new fill
+from the chunk's source when the :class:`~lota.cache.route.Placement` says to keep it,
+or else straight from that source (another node of the cluster, or the origin when the
+cache cannot hold it). A relayed source that breaks off mid-chunk is resumed where it
+stopped from the next one. Whatever happens, the client gets the right bytes or, once
+headers are out, a cut connection; never wrong or missing bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import select
 import socket
@@ -19,22 +23,29 @@ from aiohttp import web
 
 from lota.aiohttp_internals import payload_writer
 from lota.cache.fill import ChunkFill
-from lota.cache.plan import pieces
+from lota.cache.plan import body_start, pieces
+from lota.cache.route import Placement
 from lota.cache.service import ChunkService
-from lota.cache.source import ChunkSource
+from lota.cache.source import ChunkSource, SourceBroke
 from lota.cache.store import CachedObject, read_resident
 from lota.errors import LotaError, OriginError
 from lota.http import sent_beside
 from lota.metrics import Metrics
 from lota.threads import run_in_thread, submit
 
+log = logging.getLogger("lota.cache")
+
 PIECE = 1024 * 1024
+# Read size when relaying a source's body to the client.
+RELAY_PIECE = 256 * 1024
 # A read this small costs less on the event loop than handed to a thread, when the page
 # cache holds it (see read_resident); larger ones and cold ones go to the executor.
 INLINE_READ = 256 * 1024
 # Below this, one pread + write costs less than a hand-off to a sendfile thread.
 SENDFILE_MIN = 1024 * 1024
 MAX_ATTEMPTS = 3
+# Sources a relay may resume from after one broke off mid-body (peers that died).
+MAX_RESUMES = 4
 
 
 class ChunkUnreadable(LotaError, OSError):
@@ -60,7 +71,7 @@ class Deliverer:
         self,
         request: web.BaseRequest,
         response: web.StreamResponse,
-        source: ChunkSource,
+        placement: Placement,
         obj: CachedObject,
         first: int,
         last: int,
@@ -68,7 +79,7 @@ class Deliverer:
         """Send bytes first..last (inclusive) of `obj` as the body of `response`."""
         last_chunk = last // self.chunk_size
         for index, lo, hi in pieces(first, last, self.chunk_size):
-            await self._chunk(request, response, source, obj, index, lo, hi, last_chunk)
+            await self._chunk(request, response, placement, obj, index, lo, hi, last_chunk)
 
     async def read_cached(
         self, obj: CachedObject, first: int, last: int
@@ -113,13 +124,14 @@ class Deliverer:
         self,
         request: web.BaseRequest,
         response: web.StreamResponse,
-        source: ChunkSource,
+        placement: Placement,
         obj: CachedObject,
         index: int,
         lo: int,
         hi: int,
         last_chunk: int,
     ) -> None:
+        route = None
         for _ in range(MAX_ATTEMPTS):
             if not obj.alive:
                 break  # replaced or dropped meanwhile: this version's bytes come from the source
@@ -137,7 +149,10 @@ class Deliverer:
                     return
             fill = self.cache.filling(obj, index)
             if fill is None:
-                self.cache.fill(source, obj.meta.bucket, obj.meta.key, index, last_chunk, obj)
+                route = placement.route(obj, index, last_chunk)
+                if not route.keep:
+                    break  # another node's chunk: relayed, not kept
+                self.cache.fill(route.source, obj.meta.bucket, obj.meta.key, index, route.last, obj)
                 fill = self.cache.filling(obj, index)
             elif not self.cache.coming_soon(fill):
                 break  # its job is far behind: read these bytes from the source now
@@ -149,8 +164,9 @@ class Deliverer:
                     return
                 if fill.failed:
                     break  # the cache cannot take it (or the source failed it): go direct
+        route = route or placement.route(obj, index, last_chunk)
         base = index * self.chunk_size
-        await self._from_source(response, source, obj, base + lo, base + hi - 1)
+        await self._relay(response, route.source, obj, base + lo, base + hi - 1)
 
     async def _follow(self, response: web.StreamResponse, fill: ChunkFill, lo: int, hi: int) -> int:
         """Stream what `fill` writes from `lo` on; return how far it got before it ended."""
@@ -183,7 +199,7 @@ class Deliverer:
                 os.close(fd)
         return lo
 
-    async def _from_source(
+    async def _relay(
         self,
         response: web.StreamResponse,
         source: ChunkSource,
@@ -191,17 +207,54 @@ class Deliverer:
         first: int,
         last: int,
     ) -> None:
-        """The cache could not supply these bytes: relay them from the source, same ETag only."""
+        """Relay bytes first..last of `obj` from `source`, same ETag only; where the
+        source breaks off (a peer died), the rest comes from it again: a source that
+        stands for several (the owners, then the origin) asks the next one then."""
+        for _ in range(MAX_RESUMES):
+            try:
+                first = await self._relay_once(response, source, obj, first, last)
+                return
+            except SourceBroke as exc:
+                first = exc.resume_at
+                log.info("relay of %r broke off at byte %d: %s", obj, first, exc)
+        raise OriginError(f"every source broke off relaying {obj!r}")
+
+    async def _relay_once(
+        self,
+        response: web.StreamResponse,
+        source: ChunkSource,
+        obj: CachedObject,
+        first: int,
+        last: int,
+    ) -> int:
         m = obj.meta
         wanted = f"bytes={first}-{last}"
         async with source.get(m.bucket, m.key, byte_range=wanted, if_match=m.etag) as reply:
             if reply.status not in (200, 206):
+                if reply.status == 412 and obj.alive:
+                    # The version cached here is gone: the client's retry reads the new one.
+                    await self.cache.invalidate(m.bucket, m.key)
                 raise OriginError(
                     f"{source.name} answered {reply.status} for a range of a cached object"
                 )
-            async for piece in reply.pieces(256 * 1024):
-                await response.write(piece)
-                self._metrics.cache_bytes.labels("origin").inc(len(piece))
+            skip = first - body_start(reply.status, reply.headers.get("content-range", ""))
+            bytes_sent = self._metrics.cache_bytes.labels(reply.kind)
+            try:
+                while first <= last:
+                    piece = await reply.read(min(RELAY_PIECE, last - first + 1 + max(skip, 0)))
+                    if not piece:
+                        raise OriginError(f"{source.name}'s body ended early")
+                    if skip > 0:
+                        dropped = min(skip, len(piece))
+                        piece, skip = piece[dropped:], skip - dropped
+                    if piece:
+                        await response.write(piece)
+                        bytes_sent.inc(len(piece))
+                        first += len(piece)
+            except SourceBroke as exc:
+                exc.resume_at = first
+                raise
+        return first
 
     async def _send_file(
         self,

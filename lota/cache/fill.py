@@ -192,6 +192,7 @@ class Filler:
         self._tasks = tasks
         self._fills: dict[tuple[str, str, str, int], ChunkFill] = {}
         self._cold: dict[tuple[str, str], FillJob] = {}
+        self._learning: dict[tuple[str, str], asyncio.Future[CachedObject | OriginReply]] = {}
 
     def fill_for(self, obj: CachedObject, index: int) -> ChunkFill | None:
         m = obj.meta
@@ -203,6 +204,43 @@ class Filler:
         stream everything before it (a tail read during a cold read of the whole object)."""
         job = fill.job
         return fill.path is not None or job is None or fill.index - job.at <= NEAR
+
+    def learn(
+        self, source: ChunkSource, bucket: str, key: str
+    ) -> asyncio.Future[CachedObject | OriginReply]:
+        """The object's metadata from `source` (one HEAD), admitted to the store; everyone
+        asking meanwhile shares the one HEAD, which a departing asker does not cancel."""
+        pending = self._learning.get((bucket, key))
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._learning[(bucket, key)] = pending
+            self._tasks.start(self._learn(source, bucket, key, pending), f"head {bucket}/{key}")
+        return pending
+
+    async def _learn(
+        self,
+        source: ChunkSource,
+        bucket: str,
+        key: str,
+        learnt: asyncio.Future[CachedObject | OriginReply],
+    ) -> None:
+        try:
+            epoch = self.store.epoch
+            async with source.head(bucket, key) as reply:
+                if reply.status != 200:
+                    learnt.set_result(OriginReply(reply.status, list(reply.headers.items()), b""))
+                    return
+                meta = object_meta(bucket, key, reply, self._clock.time())
+            learnt.set_result(await self.store.admit(meta, since=epoch))
+        except asyncio.CancelledError:
+            learnt.set_exception(OriginError("metadata request cancelled"))
+            raise
+        except Exception as exc:  # every asker gets it; it is theirs to report
+            learnt.set_exception(exc)
+        finally:
+            if learnt.done():
+                learnt.exception()  # retrieved: the askers may all have gone
+            del self._learning[(bucket, key)]
 
     def cold_job(self, bucket: str, key: str) -> FillJob | None:
         """A job fetching an object whose metadata is not known yet, if one is running."""

@@ -9,6 +9,7 @@ its own (``tests/unit/test_cache_plan.py``):
 * :func:`cold_fetch`: what a miss asks the source for, in one request: the chunks a range
   needs, the chunks ending a suffix range (the parquet-footer read), or only the metadata.
 * :func:`answer_range`, :func:`pieces`: which bytes a response carries, chunk by chunk.
+* :func:`answered_from`: what ``x-lota-cache`` says (HIT, PEER, MISS).
 * :func:`response_headers`, :func:`not_modified_headers`: what the answer says.
 * :class:`Sequential`: which chunks to fetch ahead for a reader moving through an object.
 """
@@ -115,9 +116,13 @@ class ColdFetch:
         return f"bytes={start}-" if start else ""
 
 
-def cold_fetch(method: str, range_header: str, part: int | None, chunk_size: int) -> ColdFetch:
-    """What a cold GET (or HEAD) of an object asks its source for."""
-    if method == "HEAD" or part is not None:
+def cold_fetch(
+    method: str, range_header: str, part: int | None, chunk_size: int, *, clustered: bool = False
+) -> ColdFetch:
+    """What a cold GET (or HEAD) of an object asks its origin for. In a cluster only the
+    metadata: which node owns a chunk depends on the object's version, and a GET here
+    would read chunks from the origin that other nodes are meant to fill."""
+    if method == "HEAD" or part is not None or clustered:
         return ColdFetch(head=True)
     wanted = parse_range(range_header)
     if wanted is None:
@@ -163,6 +168,17 @@ def answer_range(range_header: str, size: int) -> tuple[int, int, int]:
         return 0, size - 1, 200
     first, last = wanted.resolve(size)
     return first, last, 206
+
+
+def answered_from(answered: str, missing_remote: Sequence[bool]) -> str:
+    """The ``x-lota-cache`` of a GET, decided before its body: for each chunk of the range
+    this node does not hold, whether another node of the cluster would send it. HIT only
+    when every chunk is here; PEER when the others all come from peers; else MISS (this
+    node fetches from the origin). A read that was a MISS (the object was not known) stays
+    one unless peers send all of it; STALE stays STALE."""
+    if answered not in ("HIT", "MISS") or not missing_remote:
+        return answered
+    return "PEER" if all(missing_remote) else "MISS"
 
 
 def chunk_span(first: int, last: int, chunk_size: int) -> range:

@@ -4,15 +4,17 @@
 * revalidate: an entry older than ``revalidate_after`` (unless its prefix is immutable)
   is checked with a conditional HEAD; a changed object replaces it, a vanished one drops
   it; an unreachable origin lets it be served STALE within ``stale_if_error``.
-* miss: no entry: one GET from the bucket's source (ranged to whole chunks for a range
+* miss: no entry: one GET from the bucket's origin (ranged to whole chunks for a range
   read, to the last bytes for a suffix range) starts a fill and gives the object's
-  metadata; concurrent cold readers share it.
+  metadata; concurrent cold readers share it. In a cluster, where a chunk's owner depends
+  on the object's version, the miss learns the metadata first (one HEAD, shared too).
 * deliver: conditions, range and headers are answered from the entry; the body streams
-  from chunks (see :mod:`lota.cache.deliver`).
+  from chunks, each from where the bucket's :class:`~lota.cache.route.Placement` says
+  (see :mod:`lota.cache.deliver`).
 
 What to do at each step is decided by :mod:`lota.cache.plan` (no I/O there); this module
-does the asking and the answering. Every response carries ``x-lota-cache: HIT | MISS |
-STALE``: the server counts responses by that header (see :mod:`lota.node.front`), so it
+does the asking and the answering. Every response carries ``x-lota-cache: HIT | PEER |
+MISS | STALE``: the server counts responses by that header (see :mod:`lota.node.front`), so it
 is the one place the source is decided.
 """
 
@@ -28,7 +30,9 @@ from aiohttp import web
 from lota.cache import plan
 from lota.cache.deliver import INLINE_READ, Deliverer
 from lota.cache.fill import OriginReply, object_meta
+from lota.cache.layout import chunk_count
 from lota.cache.plan import CACHE_HEADER
+from lota.cache.route import Placement
 from lota.cache.service import ChunkService
 from lota.cache.source import ChunkSource
 from lota.cache.store import CachedObject, ObjectMeta
@@ -44,7 +48,7 @@ log = logging.getLogger("lota.cache")
 
 # A hit this small is read into memory and sent with its headers in one write.
 SMALL_BODY = INLINE_READ
-SourceFor = Callable[[str], ChunkSource]
+PlacementFor = Callable[[str], Placement]
 
 
 class ObjectChanged(LotaError):
@@ -57,13 +61,13 @@ class ReadPath:
     def __init__(
         self,
         cache: ChunkService,
-        source_for: SourceFor,
+        placement_for: PlacementFor,
         config: CacheConfig,
         clock: Clock,
         metrics: Metrics,
     ) -> None:
         self.cache = cache
-        self._source_for = source_for
+        self._placement_for = placement_for
         self.deliverer = Deliverer(cache, metrics)
         self._config = config
         self._clock = clock
@@ -77,19 +81,19 @@ class ReadPath:
         self.deliverer.close()
 
     async def serve(self, request: web.BaseRequest, target: Target) -> web.StreamResponse:
-        source = self._source_for(target.bucket)
+        placement = self._placement_for(target.bucket)
         obj = self.cache.lookup(target.bucket, target.key)
         answered = "HIT"
         if obj is not None and self._due(obj):
-            obj, answered = await self._revalidate(source, obj)
+            obj, answered = await self._revalidate(placement.origin, obj)
         if obj is None:
-            result = await self._miss(request, target, source)
+            result = await self._miss(request, target, placement)
             if isinstance(result, OriginReply):
                 if result.status == 403 and b"InvalidObjectState" in result.body:
                     self.on_archived(target.bucket, target.key)
                 return _reply(result)
             obj, answered = result, "MISS"
-        return await self._respond(request, target, source, obj, answered)
+        return await self._respond(request, target, placement, obj, answered)
 
     # -- freshness --------------------------------------------------------------------
 
@@ -142,7 +146,7 @@ class ReadPath:
     # -- misses -----------------------------------------------------------------------
 
     async def _miss(
-        self, request: web.BaseRequest, target: Target, source: ChunkSource
+        self, request: web.BaseRequest, target: Target, placement: Placement
     ) -> CachedObject | OriginReply:
         pending = self.cache.cold_job(target.bucket, target.key)
         if pending is not None:
@@ -152,21 +156,24 @@ class ReadPath:
             if not (isinstance(shared, OriginReply) and shared.status == 416):
                 return shared
         part = plan.part_number(target)
-        wanted = plan.cold_fetch(request.method, request.headers.get("range", ""), part, self._cs)
+        wanted = plan.cold_fetch(
+            request.method,
+            request.headers.get("range", ""),
+            part,
+            self._cs,
+            clustered=placement.clustered,
+        )
         if wanted.head:
-            return await self._head(source, target)
+            return await self.cache.learn(placement.origin, target.bucket, target.key)
         job = self.cache.fill(
-            source, target.bucket, target.key, wanted.first, wanted.last, suffix=wanted.suffix
+            placement.origin,
+            target.bucket,
+            target.key,
+            wanted.first,
+            wanted.last,
+            suffix=wanted.suffix,
         )
         return await asyncio.shield(job.result)
-
-    async def _head(self, source: ChunkSource, target: Target) -> CachedObject | OriginReply:
-        epoch = self.cache.epoch
-        async with source.head(target.bucket, target.key) as reply:
-            if reply.status != 200:
-                return OriginReply(reply.status, list(reply.headers.items()), b"")
-            meta = object_meta(target.bucket, target.key, reply, self._clock.time())
-        return await self.cache.admit(meta, since=epoch)
 
     # -- delivery ---------------------------------------------------------------------
 
@@ -174,7 +181,7 @@ class ReadPath:
         self,
         request: web.BaseRequest,
         target: Target,
-        source: ChunkSource,
+        placement: Placement,
         obj: CachedObject,
         answered: str,
     ) -> web.StreamResponse:
@@ -187,7 +194,7 @@ class ReadPath:
             return unchanged
         part = plan.part_number(target)
         if part is not None:
-            obj, first, last = await self._part_range(source, obj, part)
+            obj, first, last = await self._part_range(placement.origin, obj, part)
             status = 206
         else:
             first, last, status = plan.answer_range(request.headers.get("range", ""), m.size)
@@ -198,21 +205,21 @@ class ReadPath:
                 # All of it was cached and is read: one response, written in one go.
                 small = web.Response(status=status, body=body)
                 self._headers(small, request, target, obj, first, last, status, part, answered)
-                self._read_ahead(source, obj, first, last)
+                self._read_ahead(placement, obj, first, last)
                 return small
-        if get and answered == "HIT" and not self.cache.holds(obj, first, last):
-            answered = "MISS"
+        if get:
+            answered = self._source_header(placement, obj, first, last, answered)
         streamed = BufferedHeadersResponse(status=status)
         self._headers(streamed, request, target, obj, first, last, status, part, answered)
         streamed.content_length = max(0, last - first + 1)
         await streamed.prepare(request)
         if not get:
             if request.headers.get("range", "").replace(" ", "") == "bytes=0-0":
-                self._prefetch(source, obj)
+                self._prefetch(placement, obj)
             return streamed
         if last >= first:
-            await self.deliverer.send(request, streamed, source, obj, first, last)
-            self._read_ahead(source, obj, first, last)
+            await self.deliverer.send(request, streamed, placement, obj, first, last)
+            self._read_ahead(placement, obj, first, last)
         await streamed.write_eof()
         return streamed
 
@@ -307,14 +314,29 @@ class ReadPath:
         learnt[part] = (offset, offset + lengths[part] - 1)
         return learnt, parts_count
 
-    def _prefetch(self, source: ChunkSource, obj: CachedObject) -> None:
-        """``HEAD`` with ``Range: bytes=0-0``: fill the whole object in the background."""
-        m = obj.meta
-        if m.size and not self.cache.holds(obj, 0, m.size - 1):
-            self._metrics.cache_prefetches.inc()
-            self.cache.fill(source, m.bucket, m.key, 0, None, obj)
+    def _source_header(
+        self, placement: Placement, obj: CachedObject, first: int, last: int, answered: str
+    ) -> str:
+        """What ``x-lota-cache`` says of a GET of bytes first..last, decided before the
+        body: see :func:`lota.cache.plan.answered_from`."""
+        if answered not in ("HIT", "MISS") or last < first:
+            return answered
+        cs = self._cs
+        missing = [
+            i for i in range(first // cs, last // cs + 1) if not self.cache.has_chunk(obj, i)
+        ]
+        return plan.answered_from(answered, [placement.remote(obj, i) for i in missing])
 
-    def _read_ahead(self, source: ChunkSource, obj: CachedObject, first: int, last: int) -> None:
+    def _prefetch(self, placement: Placement, obj: CachedObject) -> None:
+        """``HEAD`` with ``Range: bytes=0-0``: fill the whole object in the background,
+        each chunk where it belongs."""
+        count = chunk_count(obj.meta.size, self._cs)
+        missing = [i for i in range(count) if not self.cache.has_chunk(obj, i)]
+        if missing:
+            self._metrics.cache_prefetches.inc()
+            placement.prefetch(obj, missing)
+
+    def _read_ahead(self, placement: Placement, obj: CachedObject, first: int, last: int) -> None:
         """A reader whose ranges follow on from the last one gets the next chunks fetched ahead."""
         m = obj.meta
         ahead = self._sequential.ahead((m.bucket, m.key, m.etag), first, last, m.size)
@@ -324,7 +346,7 @@ class ReadPath:
             if not self.cache.has_chunk(obj, i) and self.cache.filling(obj, i) is None
         ]
         if missing:
-            self.cache.fill(source, m.bucket, m.key, missing[0], ahead[-1], obj)
+            placement.prefetch(obj, missing)
 
 
 class BufferedHeadersResponse(web.StreamResponse):

@@ -9,7 +9,9 @@ with single flight: however many ask for a chunk, one request to a source fetche
 
 from __future__ import annotations
 
-from lota.cache.fill import ChunkFill, Filler, FillJob
+import asyncio
+
+from lota.cache.fill import ChunkFill, Filler, FillJob, OriginReply
 from lota.cache.plan import chunk_span
 from lota.cache.source import ChunkSource
 from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta
@@ -87,6 +89,11 @@ class ChunkService:
 
     def coming_soon(self, fill: ChunkFill) -> bool:
         return self._filler.coming_soon(fill)
+
+    async def learn(self, source: ChunkSource, bucket: str, key: str) -> CachedObject | OriginReply:
+        """The object's metadata from `source` (a HEAD), kept as its entry; concurrent
+        askers share one HEAD. A non-200 answer comes back as the :class:`OriginReply`."""
+        return await asyncio.shield(self._filler.learn(source, bucket, key))
 
     def cold_job(self, bucket: str, key: str) -> FillJob | None:
         """A fill of an object whose metadata is not known yet, if one is running."""

@@ -9,6 +9,10 @@ The origin (:class:`lota.regions.source.OriginSource`) is the first source; a pe
 of the cluster is the next. A source says which kind it is (``kind``) and counts the body
 bytes it receives under its own name (``name``), so the cache never learns how a source
 reaches its bytes. This module imports nothing of the cache, nor of the origins.
+
+A relayed body that breaks off raises :class:`SourceBroke` when another source may hold
+the rest (a peer died: the next owner, or the origin, does); an origin that breaks off
+raises :class:`~lota.errors.OriginError`, and the client's response is cut.
 """
 
 from __future__ import annotations
@@ -17,7 +21,18 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Literal, Protocol
 
+from lota.errors import LotaError
+
 SourceKind = Literal["origin", "peer"]
+
+
+class SourceBroke(LotaError):
+    """A source's body broke off mid-stream in a way another source can make good (a
+    peer node died or stalled): whoever relays it resumes from ``resume_at`` elsewhere."""
+
+    def __init__(self, message: str, resume_at: int = 0) -> None:
+        super().__init__(message)
+        self.resume_at = resume_at
 
 
 class SourceReply(Protocol):
@@ -26,9 +41,13 @@ class SourceReply(Protocol):
     status: int
     headers: Mapping[str, str]
     """Case-insensitive, as the source sent them."""
+    kind: SourceKind
+    """Who answered (a source standing for several says which one did)."""
 
     async def read(self, count: int) -> bytes:
-        """Up to `count` bytes of the body; ``b""`` at its end."""
+        """Up to `count` bytes of the body; ``b""`` at its end. A body that breaks off
+        raises :class:`~lota.errors.OriginError`, or :class:`SourceBroke` when another
+        source may have the rest."""
         ...
 
     def pieces(self, size: int) -> AsyncIterator[bytes]:

@@ -2,8 +2,10 @@
 
 ``lota warm s3://bucket/prefix`` and the admin call ``POST /_lota/warm`` both use
 :class:`Warm`, which goes through the prefix's listing at the origin (pages of (key, size),
-see :func:`lota.regions.listing.origin_pages`) and fills objects from the bucket's source
-with bounded concurrency, reporting progress as it goes.
+see :func:`lota.regions.origin_pages.origin_pages`) and fills each object's chunks where
+they belong (:meth:`lota.cache.route.Placement.warm`: here, or on each chunk's owner in a
+cluster, so a prefix is warmed once for the whole cluster) with bounded concurrency,
+reporting progress, in objects and in chunks, as it goes.
 
 Authorization is what the same principal would get doing the work with S3 calls: warming
 starts only with ``s3:ListBucket`` on the bucket (warm lists it, as ``ListObjectsV2``
@@ -30,10 +32,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from lota.cache.layout import chunk_count
+from lota.cache.route import Placement, Warmed
 from lota.cache.service import ChunkService
-from lota.cache.source import ChunkSource
-from lota.cache.store import CachedObject
 from lota.errors import OriginError
 from lota.metrics import Metrics
 from lota.s3.errors import MESSAGES, S3Error, invalid_argument
@@ -80,6 +80,15 @@ class Progress:
     cached: int = 0
     denied: int = 0
     failed: int = 0
+    # Chunks over the whole cluster: filled now, held already, failed.
+    chunks_filled: int = 0
+    chunks_cached: int = 0
+    chunks_failed: int = 0
+
+    def count_chunks(self, warmed: Warmed) -> None:
+        self.chunks_filled += warmed.filled
+        self.chunks_cached += warmed.cached
+        self.chunks_failed += warmed.failed
 
     def count(self, result: Result, size: int) -> None:
         self.objects_done += 1
@@ -104,7 +113,7 @@ class Warm:
     def __init__(
         self,
         cache: ChunkService,
-        source: ChunkSource,
+        placement: Placement,
         pages: Pages,
         bucket: str,
         prefix: str,
@@ -114,7 +123,7 @@ class Warm:
         concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         self._cache = cache
-        self._source = source
+        self._placement = placement
         self._pages = pages
         self._bucket = bucket
         self._prefix = prefix
@@ -210,25 +219,9 @@ class Warm:
             self._metrics.warm_filled_bytes.inc(size)
 
     async def _fill(self, key: str) -> Result:
-        obj = self._cache.lookup(self._bucket, key)
-        if obj is not None and self._held(obj, in_flight=False):
-            return "cached"
-        job = self._cache.fill(self._source, self._bucket, key, 0, None, obj)
-        await job.done.wait()
-        if not job.result.done() or job.result.exception() is not None:
+        known = self._cache.lookup(self._bucket, key)
+        warmed = await self._placement.warm(self._bucket, key, known)
+        self.state.count_chunks(warmed)
+        if warmed.failed:
             return "failed"
-        # An OriginReply (the object went away since the listing, 403...) fills nothing,
-        # and a chunk the store could not take (no room, disk error) is not filled either.
-        filled = job.result.result()
-        if isinstance(filled, CachedObject) and self._held(filled, in_flight=True):
-            return "filled"
-        return "failed"
-
-    def _held(self, obj: CachedObject, *, in_flight: bool) -> bool:
-        """Whether every chunk of `obj` is cached (or, with `in_flight`, being filled by
-        another job that shared the work)."""
-        cache = self._cache
-        return all(
-            cache.has_chunk(obj, i) or (in_flight and cache.filling(obj, i) is not None)
-            for i in range(chunk_count(obj.meta.size, cache.chunk_size))
-        )
+        return "filled" if warmed.fetched else "cached"

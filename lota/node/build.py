@@ -27,6 +27,7 @@ from lota.auth import Authenticator
 from lota.cache.fill import Filler
 from lota.cache.plan import cacheable
 from lota.cache.reads import ReadPath
+from lota.cache.route import Alone
 from lota.cache.service import ChunkService
 from lota.cache.store import CacheError, CacheStore
 from lota.cache.warm import Warm
@@ -175,12 +176,14 @@ async def build_cache(
         filler = Filler(store, c.chunk_size, metrics, clock, fills)
         service = ChunkService(store, filler)
         # Each region's origin is the source of its buckets' chunks.
-        sources = {name: OriginSource(origin, metrics) for name, origin in origins.items()}
+        placements = {
+            name: Alone(service, OriginSource(origin, metrics)) for name, origin in origins.items()
+        }
 
-        def source_for(bucket: str) -> OriginSource:
-            return sources[origins.for_bucket(bucket).region.name]
+        def placement_for(bucket: str) -> Alone:
+            return placements[origins.for_bucket(bucket).region.name]
 
-        reads = ReadPath(service, source_for, c, clock, metrics)
+        reads = ReadPath(service, placement_for, c, clock, metrics)
         if config.lifecycle.restore_on_read:
             reads.on_archived = on_archived
 
@@ -191,7 +194,7 @@ async def build_cache(
         def warm(bucket: str, prefix: str, may_read: Callable[[str], bool], n: int) -> Warm:
             return Warm(
                 service,
-                source_for(bucket),
+                placement_for(bucket),
                 keys(bucket, prefix),
                 bucket,
                 prefix,

@@ -58,6 +58,7 @@ class OriginResponse:
     """An origin response as a :class:`~lota.cache.source.SourceReply`."""
 
     __slots__ = ("_content", "_received", "headers", "status")
+    kind: SourceKind = "origin"
 
     def __init__(self, response: aiohttp.ClientResponse, received: Counter) -> None:
         self.status = response.status

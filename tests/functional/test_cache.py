@@ -1045,6 +1045,9 @@ def test_warm_of_objects_already_cached_says_so_and_fetches_nothing(
         "cached": 3,
         "denied": 0,
         "failed": 0,
+        "chunks_filled": 0,
+        "chunks_cached": 3,
+        "chunks_failed": 0,
     }
     assert [s.path for s in recorder.requests("GET")] == [f"/{bucket}"]  # the listing only
     again = _lota_warm(f"s3://{bucket}/d/", node.url)
