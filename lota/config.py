@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from lota.cluster.config import ClusterConfig
 from lota.errors import ConfigError
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.config import from_toml as lifecycle_from_toml
@@ -192,6 +193,7 @@ class Config:
     catalog: CatalogConfig = field(default_factory=CatalogConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # This node's name in the catalog (leases, local-disk staging); defaults to the hostname.
     node: str = ""
     regions: Mapping[str, RegionConfig] = field(default_factory=dict)
@@ -240,6 +242,14 @@ class Config:
             )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together")
+        if self.cluster.on and not self.cluster.self:
+            host, _ = self.listen_address
+            if host in ("0.0.0.0", "::", ""):
+                raise ConfigError(
+                    f"listen = {self.listen!r} does not say how peers reach this node: set "
+                    "cluster.self (LOTA_CLUSTER_SELF) to HOST:PORT"
+                )
+            object.__setattr__(self, "cluster", replace(self.cluster, self=self.listen))
 
     def require_origin(self) -> None:
         """ConfigError unless an origin is configured (serving, the lifecycle)."""
@@ -301,6 +311,7 @@ _SECTIONS: dict[str, type] = {
     "catalog": CatalogConfig,
     "write": WriteConfig,
     "lifecycle": LifecycleConfig,
+    "cluster": ClusterConfig,
 }
 # Fields of Config that are set by a table rather than by a key of their own.
 _TABLES = frozenset({*_SECTIONS, "regions", "default_region", "bucket_regions"})
@@ -449,6 +460,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
         catalog = CatalogConfig(**section_values(raw.pop("catalog", {}), CatalogConfig, "catalog."))
         write = WriteConfig(**section_values(raw.pop("write", {}), WriteConfig, "write."))
         lifecycle = lifecycle_from_toml(raw.pop("lifecycle", {}))
+        cluster = _cluster(raw.pop("cluster", {}))
         auth = AuthConfig(**section_values(raw.pop("auth", {}), AuthConfig, "auth."))
         regions = _regions(raw.pop("regions", {}))
         origin = raw.pop("origin", None)
@@ -475,6 +487,7 @@ def _build(raw: dict[str, Any], env: Mapping[str, str]) -> Config:
             catalog=catalog,
             write=write,
             lifecycle=lifecycle,
+            cluster=cluster,
             cache=cache,
             auth=auth,
             regions=regions,
@@ -508,6 +521,18 @@ def _regions(data: Any) -> dict[str, RegionConfig]:
         )
         for name, section in data.items()
     }
+
+
+def _cluster(section: Any) -> ClusterConfig:
+    """``[cluster]``; the secret is read from ``secret_file`` here, once."""
+    values = section_values(section, ClusterConfig, "cluster.")
+    path = values.get("secret_file", "")
+    if path and not values.get("secret"):
+        try:
+            values["secret"] = Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cluster.secret_file: cannot read {path}: {exc}") from None
+    return ClusterConfig(**values)
 
 
 def _cache(section: Any) -> CacheConfig:

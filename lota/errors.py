@@ -9,8 +9,10 @@
     │                               the embedded origin); ``lota`` prints it and exits 2
     ├── S3Error                     lota.s3.errors: answered to the client as S3 XML, status +
     │   │                           Code + Message from the one table of S3 codes there
-    │   └── Refused                 lota.auth: an authentication or authorization failure,
-    │                               naming the operation and principal for the access log
+    │   ├── Refused                 lota.auth: an authentication or authorization failure,
+    │   │                           naming the operation and principal for the access log
+    │   └── PeerRefused             lota.cluster.signing: a peer request not signed with the
+    │                               cluster secret, out of its time window, or replayed
     ├── OriginError                 the origin could not be reached, or broke off mid-stream:
     │                               a 503 ServiceUnavailable, or an aborted response
     ├── BodyFailed                  lota.regions.origin: the source of a request body failed
@@ -28,6 +30,8 @@
     ├── DirLocked                   lota.cache.files: a cache directory's lock is held
     ├── ChunkUnreadable             lota.cache.deliver: a cached chunk failed mid-send (also
     │                               an OSError, which is how the delivery path catches it)
+    ├── SourceBroke                 lota.cache.source: a peer's body broke off; the relay
+    │                               resumes from the next owner or the origin
     ├── ObjectChanged               lota.cache.reads: the origin's object is not the cached one
     ├── NotModified                 lota.s3.conditions: the client's copy is current, answer 304
     ├── LeaseLost                   the lifecycle lease ran out or another node took it

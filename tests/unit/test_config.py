@@ -81,6 +81,20 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "lifecycle.restore_on_read": ("yes", lambda c: c.lifecycle.restore_on_read is True),
     "lifecycle.restore_days": ("3", lambda c: c.lifecycle.restore_days == 3),
     "lifecycle.restore_tier": ("Bulk", lambda c: c.lifecycle.restore_tier == "Bulk"),
+    "cluster.self": ("10.0.0.5:9000", lambda c: c.cluster.self == "10.0.0.5:9000"),
+    "cluster.members": (
+        "10.0.0.5:9000, 10.0.0.6:9000",
+        lambda c: c.cluster.members == ("10.0.0.5:9000", "10.0.0.6:9000") and c.cluster.on,
+    ),
+    "cluster.dns": ("lota-peers.lota.svc:9000", lambda c: c.cluster.dns.endswith(":9000")),
+    "cluster.refresh": ("10s", lambda c: c.cluster.refresh == 10.0),
+    "cluster.secret": ("0123456789abcdef-x", lambda c: c.cluster.secret == "0123456789abcdef-x"),
+    "cluster.secret_file": ("/run/secrets/lota", lambda c: c.cluster.secret == SECRET),
+    "cluster.grace": ("2m", lambda c: c.cluster.grace == 120.0),
+    "cluster.timeout": ("500ms", lambda c: c.cluster.timeout == 0.5),
+    "cluster.hot_reads": ("3", lambda c: c.cluster.hot_reads == 3),
+    "cluster.hot_window": ("1m", lambda c: c.cluster.hot_window == 60.0),
+    "cluster.hot_share": ("0.25", lambda c: c.cluster.hot_share == 0.25),
     "regions.NAME.endpoint": ("http://10.1.0.1:9000", None),
     "regions.NAME.access_key_id": ("AKFAR", None),
     "regions.NAME.secret_access_key": ("far-secret", None),
@@ -91,7 +105,17 @@ SAMPLES: dict[str, tuple[str, Any]] = {
 }
 
 # Settings that need another one set with them.
+SECRET = "a-cluster-secret-of-the-right-length"
+CLUSTER = {"LOTA_CLUSTER_MEMBERS": "127.0.0.1:9000", "LOTA_CLUSTER_SECRET": SECRET}
 COMPANIONS = {
+    **{
+        f"cluster.{name}": CLUSTER
+        for name in ("self", "refresh", "secret_file", "grace", "timeout", "hot_reads")
+    },
+    **{f"cluster.{name}": CLUSTER for name in ("hot_window", "hot_share")},
+    "cluster.members": {"LOTA_CLUSTER_SECRET": SECRET},
+    "cluster.dns": {"LOTA_CLUSTER_SECRET": SECRET},
+    "cluster.secret": {"LOTA_CLUSTER_MEMBERS": "127.0.0.1:9000"},
     "tls_cert": {"LOTA_TLS_KEY": "/k.pem"},
     "tls_key": {"LOTA_TLS_CERT": "/c.pem"},
     "write.staging": {"LOTA_WRITE_STAGING_DIR": "/s"},
@@ -304,3 +328,34 @@ def test_the_old_catalog_settings_are_refused_naming_the_new_one(
     with pytest.raises(ConfigError) as info:
         load(path, environ=environ)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_cluster_needs_a_secret_and_an_address_peers_can_reach(tmp_path: Path) -> None:
+    members = {"LOTA_CLUSTER_MEMBERS": "10.0.0.5:9000,10.0.0.6:9000"}
+    with pytest.raises(ConfigError, match=r"cluster\.secret"):
+        load(environ={**ORIGIN, **members})
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        load(environ={**ORIGIN, **members, "LOTA_CLUSTER_SECRET": "short"})
+    with pytest.raises(ConfigError, match=r"set cluster\.self"):
+        load(environ={**ORIGIN, **CLUSTER, "LOTA_LISTEN": "0.0.0.0:9000"})
+    with pytest.raises(ConfigError, match="one at a time"):
+        load(environ={**ORIGIN, **CLUSTER, "LOTA_CLUSTER_DNS": "peers:9000"})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        load(environ={**ORIGIN, **CLUSTER, "LOTA_CLUSTER_MEMBERS": "10.0.0.5"})
+    # self defaults to the listen address when that is one peers can reach.
+    config = load(environ={**ORIGIN, **CLUSTER, "LOTA_LISTEN": "10.0.0.5:9100"})
+    assert config.cluster.self == "10.0.0.5:9100"
+    assert SECRET not in repr(config)
+    # No [cluster]: a node alone, needing no secret.
+    assert not load(environ=ORIGIN).cluster.on
+
+
+def test_the_cluster_secret_is_read_from_its_file_once(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET + "\n")
+    toml = tmp_path / "lota.toml"
+    toml.write_text(f'[cluster]\nmembers = ["127.0.0.1:9000"]\nsecret_file = "{secret}"\n')
+    assert load(toml, environ=ORIGIN).cluster.secret == SECRET
+    toml.write_text(f'[cluster]\nmembers = ["127.0.0.1:9000"]\nsecret_file = "{tmp_path}/no"\n')
+    with pytest.raises(ConfigError, match=r"cluster\.secret_file: cannot read"):
+        load(toml, environ=ORIGIN)
