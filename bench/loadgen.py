@@ -32,6 +32,9 @@ class Result:
     client_cpu_s: float = 0.0
     sources: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+    # Each sample again, under the x-lota-cache header of its response.
+    by_source: dict[str, list[float]] = field(default_factory=dict)
+    body_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -194,8 +197,11 @@ class LoadClient:
                 if status != 200 or (expect_size is not None and count != expect_size):
                     result.errors[f"status {status}, {count} bytes"] += 1
                     continue
-                result.samples.append(time.perf_counter() - started)
+                took = time.perf_counter() - started
+                result.samples.append(took)
                 result.sources[source] += 1
+                result.by_source.setdefault(source, []).append(took)
+                result.body_bytes += count
 
         # The collector would pause the load generator, not the server: keep it out.
         gc.collect()

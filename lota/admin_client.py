@@ -147,7 +147,8 @@ def _refusal(status: int, body: bytes) -> str:
 
 
 class ProgressBar:
-    """The progress bar on stderr, redrawn in place; :meth:`end` ends its line."""
+    """The progress bar on stderr, redrawn in place; :meth:`end` ends its line. Chunks are
+    counted over the whole cluster (each filled on its owner node)."""
 
     def __init__(self) -> None:
         self._drawn = False
@@ -162,6 +163,7 @@ class ProgressBar:
             f"\r[{'#' * filled}{'.' * (width - filled)}] {p.get('objects_done', 0)}/"
             f"{p.get('objects_listed', 0)}{more} objects"
             f"  {done / 2**20:.1f}/{total / 2**20:.1f}{more} MiB"
+            f"  chunks: {p.get('chunks_filled', 0)} filled, {p.get('chunks_cached', 0)} held"
         )
         sys.stderr.flush()
         self._drawn = True

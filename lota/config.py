@@ -263,6 +263,10 @@ class Config:
         """ConfigError unless `lota serve` has all it needs. Kept out of validation so that
         commands which only read the catalog (``lota migrations``) work without them."""
         self.require_origin()
+        if self.cluster.on and not self.cache.dirs:
+            raise ConfigError(
+                "a node of a cluster needs a cache (cache.dirs): it owns a share of the chunks"
+            )
         if self.auth.mode == "sigv4" and not self.auth.credentials:
             raise ConfigError(
                 'auth.mode = "sigv4" (the default) needs auth.credentials, a credentials file '

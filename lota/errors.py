@@ -15,6 +15,9 @@
     │                               cluster secret, out of its time window, or replayed
     ├── OriginError                 the origin could not be reached, or broke off mid-stream:
     │                               a 503 ServiceUnavailable, or an aborted response
+    ├── PeerError                   lota.cluster.peers: another node of the cluster could not
+    │                               be reached or did not answer in time; the next owner, then
+    │                               the origin, is asked
     ├── BodyFailed                  lota.regions.origin: the source of a request body failed
     │                               (not the origin); marks aiohttp's exception chain so
     │                               OriginClient re-raises the cause: never leaves that module

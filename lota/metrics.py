@@ -129,8 +129,8 @@ class Metrics:
         self.cache_bytes = Counter(
             "lota_cache_bytes",
             "Object bytes sent to clients by the read path, by source: hit (stored chunk), "
-            "fill (following a fill in progress), "
-            "origin (relayed when the cache could not hold it)",
+            "fill (following a fill in progress), peer (relayed from the chunk's owner "
+            "node), origin (relayed when the cache could not hold it, or every owner failed)",
             ["source"],
             registry=r,
         )
@@ -233,6 +233,7 @@ class Metrics:
         self.lifecycle_runs = Counter(
             "lota_lifecycle_runs", "Lifecycle engine runs this node made", registry=r
         )
+        self._declare_cluster(r)
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
         )
@@ -260,6 +261,71 @@ class Metrics:
         for metric in vars(self).values():
             if isinstance(metric, MetricWrapperBase) and metric._labelnames:
                 metric.labels = lru_cache(maxsize=_CHILDREN)(metric.labels)  # type: ignore[method-assign]
+
+    def _declare_cluster(self, r: CollectorRegistry) -> None:
+        """The metrics of the cluster: peer reads both ways, members, hot copies."""
+        self.peer_requests = Counter(
+            "lota_peer_requests",
+            "Chunk reads this node asked of other nodes, by result: hit or miss (the owner "
+            "had the chunk, or filled it from its origin), stale (412: not that version), "
+            "error (another status), unreachable, timeout, broken (cut mid-body)",
+            ["result"],
+            registry=r,
+        )
+        self.peer_bytes_in = Counter(
+            "lota_peer_bytes_in", "Chunk bytes received from other nodes", registry=r
+        )
+        self.peer_served = Counter(
+            "lota_peer_served",
+            "Chunk reads other nodes asked of this one as owner, by where it found the "
+            "bytes: HIT (its cache) or MISS (filled from its origin)",
+            ["source"],
+            registry=r,
+        )
+        self.peer_bytes_out = Counter(
+            "lota_peer_bytes_out",
+            "Chunk bytes sent to other nodes (not counted in lota_bytes_out)",
+            registry=r,
+        )
+        self.peer_refused = Counter(
+            "lota_peer_refused",
+            "Requests to the peer endpoint refused, by reason: unsigned, signature (not the "
+            "cluster secret), date (outside the 30 s window), replay, hop",
+            ["reason"],
+            registry=r,
+        )
+        self.peer_fallbacks = Counter(
+            "lota_peer_fallbacks",
+            "Chunk reads that could not be had from their owner (down, in its back-off, "
+            "refusing), by where they went next: the next owner (peer) or the origin",
+            ["to"],
+            registry=r,
+        )
+        self.cluster_members = Gauge(
+            "lota_cluster_members",
+            "Members this node knows of, by state: live, or suspected (its last call failed)",
+            ["state"],
+            registry=r,
+        )
+        self.cluster_owners = Gauge(
+            "lota_cluster_owners", "Members that own chunks now (live or within grace)", registry=r
+        )
+        self.cluster_ownership_changes = Counter(
+            "lota_cluster_ownership_changes",
+            "Times the set of members owning chunks changed (a member joined, or was away "
+            "longer than the grace period)",
+            registry=r,
+        )
+        self.cluster_copies = Counter(
+            "lota_cluster_copies",
+            "Hot chunks of other nodes' this node started keeping a copy of",
+            registry=r,
+        )
+        self.cluster_copy_bytes = Gauge(
+            "lota_cluster_copy_bytes",
+            "Bytes of hot chunks of other nodes' kept here (at most hot_share of the budget)",
+            registry=r,
+        )
 
     def watch_store(self, store: StoreStats) -> None:
         """Export the cache store's own counts (usage, budget, evictions, corrupt chunks)."""

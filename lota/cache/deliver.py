@@ -26,7 +26,7 @@ from lota.cache.fill import ChunkFill
 from lota.cache.plan import body_start, pieces
 from lota.cache.route import Placement
 from lota.cache.service import ChunkService
-from lota.cache.source import ChunkSource, SourceBroke
+from lota.cache.source import ByteSource, SourceBroke
 from lota.cache.store import CachedObject, read_resident
 from lota.errors import LotaError, OriginError
 from lota.http import sent_beside
@@ -202,7 +202,7 @@ class Deliverer:
     async def _relay(
         self,
         response: web.StreamResponse,
-        source: ChunkSource,
+        source: ByteSource,
         obj: CachedObject,
         first: int,
         last: int,
@@ -222,7 +222,7 @@ class Deliverer:
     async def _relay_once(
         self,
         response: web.StreamResponse,
-        source: ChunkSource,
+        source: ByteSource,
         obj: CachedObject,
         first: int,
         last: int,

@@ -1,6 +1,6 @@
 """Filling the cache from a source: single flight per chunk, readers follow fills live.
 
-A :class:`FillJob` is one streaming GET from a :class:`~lota.cache.source.ChunkSource`
+A :class:`FillJob` is one streaming GET from a :class:`~lota.cache.source.ByteSource`
 (the origin, today) that fills a run of consecutive chunks of
 one object, in order, into the store. Each chunk it will write is registered as a
 :class:`ChunkFill` before any byte arrives, so every other reader who needs that chunk
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from lota.cache.layout import chunk_count, chunk_length
 from lota.cache.plan import ColdFetch, body_start, first_whole_chunk
-from lota.cache.source import ChunkSource, SourceReply
+from lota.cache.source import ByteSource, ChunkSource, SourceReply
 from lota.cache.store import CachedObject, CacheStore, CacheWriteError, ChunkWriter, ObjectMeta
 from lota.clock import Clock
 from lota.errors import LotaError, OriginError
@@ -162,6 +162,8 @@ class FillJob:
     # For an object not known yet: fetch its last `suffix` bytes (first is then decided
     # by the answer).
     suffix: int = 0
+    # For an object not known yet: the version it must be (If-Match), if one is expected.
+    expect: str = ""
     # (chunk index, its fill) for every chunk in the job; None where another holds it.
     claimed: list[tuple[int, ChunkFill | None]] = field(default_factory=list)
     etag: str = ""
@@ -248,7 +250,7 @@ class Filler:
 
     def start(
         self,
-        source: ChunkSource,
+        source: ByteSource,
         bucket: str,
         key: str,
         first: int,
@@ -256,12 +258,16 @@ class Filler:
         known: CachedObject | None = None,
         *,
         suffix: int = 0,
+        expect: str = "",
     ) -> FillJob:
         """Fetch chunks first..last (None: to the end) from `source` in one GET; with
         `suffix` (an object not `known` yet), the whole chunks of its last `suffix` bytes."""
         if known is None and (pending := self._cold.get((bucket, key))) is not None:
             return pending
-        job = FillJob(bucket, key, first, last, known, suffix if known is None else 0, at=first)
+        cold = known is None
+        job = FillJob(
+            bucket, key, first, last, known, suffix if cold else 0, expect if cold else "", at=first
+        )
         if known is None:
             self._cold[(bucket, key)] = job
         else:
@@ -285,7 +291,7 @@ class Filler:
             self._fills[ident] = fill
             job.claimed.append((index, fill))
 
-    async def _run(self, source: ChunkSource, job: FillJob) -> None:
+    async def _run(self, source: ByteSource, job: FillJob) -> None:
         started = time.perf_counter()
         try:
             await self._fetch(source, job)
@@ -306,8 +312,8 @@ class Filler:
                 del self._cold[(job.bucket, job.key)]
             self._metrics.cache_fill_seconds.observe(time.perf_counter() - started)
 
-    async def _fetch(self, source: ChunkSource, job: FillJob) -> None:
-        if_match = ""
+    async def _fetch(self, source: ByteSource, job: FillJob) -> None:
+        if_match = job.expect
         if job.known is not None:
             if_match = job.known.meta.etag
             # Fetch only from the first chunk this job holds to the last: the others are

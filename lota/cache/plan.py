@@ -17,7 +17,7 @@ its own (``tests/unit/test_cache_plan.py``):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -184,6 +184,18 @@ def answered_from(answered: str, missing_remote: Sequence[bool]) -> str:
 def chunk_span(first: int, last: int, chunk_size: int) -> range:
     """The chunks holding bytes first..last (none when the range is empty)."""
     return range(first // chunk_size, last // chunk_size + 1) if last >= first else range(0)
+
+
+def runs(indexes: Iterable[int]) -> list[tuple[int, int]]:
+    """Chunk indexes as runs of consecutive ones, (first, last) each, in order: one
+    request fills a run, never the chunks between two runs (another node's)."""
+    found: list[tuple[int, int]] = []
+    for index in sorted(set(indexes)):
+        if found and found[-1][1] == index - 1:
+            found[-1] = (found[-1][0], index)
+        else:
+            found.append((index, index))
+    return found
 
 
 def pieces(first: int, last: int, chunk_size: int) -> Iterator[tuple[int, int, int]]:

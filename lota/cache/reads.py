@@ -91,7 +91,7 @@ class ReadPath:
             if isinstance(result, OriginReply):
                 if result.status == 403 and b"InvalidObjectState" in result.body:
                     self.on_archived(target.bucket, target.key)
-                return _reply(result)
+                return relay_reply(result)
             obj, answered = result, "MISS"
         return await self._respond(request, target, placement, obj, answered)
 
@@ -164,7 +164,12 @@ class ReadPath:
             clustered=placement.clustered,
         )
         if wanted.head:
-            return await self.cache.learn(placement.origin, target.bucket, target.key)
+            learnt = await self.cache.learn(placement.origin, target.bucket, target.key)
+            if not isinstance(learnt, OriginReply) or request.method != "GET":
+                return learnt
+            # A HEAD's refusal has no body: a GET gets the origin's own error document
+            # (NoSuchKey or NoSuchBucket, InvalidObjectState...) from a GET of its own.
+            wanted = plan.ColdFetch(first=0, last=0)
         job = self.cache.fill(
             placement.origin,
             target.bucket,
@@ -356,7 +361,8 @@ class BufferedHeadersResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-def _reply(reply: OriginReply) -> web.Response:
+def relay_reply(reply: OriginReply) -> web.Response:
+    """A source's non-success answer (404, 403, 412...), relayed as it came."""
     response = web.Response(status=reply.status, body=reply.body or None)
     for name, value in reply.headers:
         if name.lower() not in ("content-length", "transfer-encoding", "connection"):

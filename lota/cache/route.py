@@ -19,9 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from lota.cache import plan
+from lota.cache.fill import FillJob
 from lota.cache.layout import chunk_count
 from lota.cache.service import ChunkService
-from lota.cache.source import ChunkSource
+from lota.cache.source import ByteSource, ChunkSource
 from lota.cache.store import CachedObject
 
 
@@ -29,7 +31,7 @@ from lota.cache.store import CachedObject
 class Route:
     """Where one chunk comes from."""
 
-    source: ChunkSource
+    source: ByteSource
     keep: bool
     """Fill it into this node's cache (readers follow the fill); else relay it only."""
     last: int
@@ -96,6 +98,8 @@ class Alone:
         return False
 
     def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:
+        # One request over them all: the chunks in between are held or on their way
+        # (a fill skips those), and nobody else should fill them.
         if indexes:
             m = obj.meta
             self._cache.fill(self.origin, m.bucket, m.key, min(indexes), max(indexes), obj)
@@ -106,43 +110,53 @@ class Alone:
 
 async def warm_here(
     cache: ChunkService,
-    source: ChunkSource,
+    source: ByteSource,
     bucket: str,
     key: str,
     known: CachedObject | None,
     indexes: Sequence[int] | None = None,
 ) -> Warmed:
     """Fill chunks `indexes` (default: all) of an object into this node's cache from
-    `source`, in one request from the first missing one to the last, and wait for them.
-    A chunk another fill was bringing in counts once that fill is done; an object not
-    `known` yet is learnt from the same request."""
-    held: list[int] = []
-    if known is not None:
-        every = range(chunk_count(known.meta.size, cache.chunk_size))
-        wanted = [i for i in (every if indexes is None else indexes)]
-        held = [i for i in wanted if cache.has_chunk(known, i)]
-        wanted = [i for i in wanted if not cache.has_chunk(known, i)]
-        if not wanted:
-            return Warmed(cached=len(held))
-        others = [f for i in wanted if (f := cache.filling(known, i)) is not None]
-        job = cache.fill(source, bucket, key, wanted[0], wanted[-1], known)
-    else:
-        others = []
+    `source` and wait for them: one request per run of consecutive chunks missing. A chunk
+    another fill was bringing in counts once that fill is done. An object not `known` yet
+    is learnt from the request that fills all of it (no `indexes` then)."""
+    if known is None:
         job = cache.fill(source, bucket, key, 0, None)
-    await job.done.wait()
+        await job.done.wait()
+        obj = _filled(job)
+        if obj is None:
+            return Warmed(failed=1)
+        return _count(cache, obj, range(chunk_count(obj.meta.size, cache.chunk_size)), 0)
+    every = range(chunk_count(known.meta.size, cache.chunk_size))
+    wanted = list(every if indexes is None else indexes)
+    held = [i for i in wanted if cache.has_chunk(known, i)]
+    missing = [i for i in wanted if not cache.has_chunk(known, i)]
+    if not missing:
+        return Warmed(cached=len(held))
+    others = [f for i in missing if (f := cache.filling(known, i)) is not None]
+    jobs = [cache.fill(source, bucket, key, a, b, known) for a, b in plan.runs(missing)]
+    for job in jobs:
+        await job.done.wait()
     for fill in others:
         while not fill.finished:
             await fill.wait()
+    if any(_filled(job) is None for job in jobs):
+        return Warmed(cached=len(held), failed=len(missing), fetched=True)
+    return _count(cache, known, missing, len(held))
+
+
+def _filled(job: FillJob) -> CachedObject | None:
+    """What a finished fill job filled: the object, or None if it failed or was refused."""
     outcome = job.result
     if not outcome.done() or outcome.exception() is not None:
-        return Warmed(cached=len(held), failed=1 if known is None else len(wanted))
+        return None
     obj = outcome.result()
-    if not isinstance(obj, CachedObject):  # the object went away, or the origin refused
-        return Warmed(failed=1)
-    if known is None:
-        wanted = list(range(chunk_count(obj.meta.size, cache.chunk_size)))
-    done = Warmed(cached=len(held), fetched=True)
-    for index in wanted:
+    return obj if isinstance(obj, CachedObject) else None
+
+
+def _count(cache: ChunkService, obj: CachedObject, indexes: Sequence[int], held: int) -> Warmed:
+    done = Warmed(cached=held, fetched=True)
+    for index in indexes:
         if cache.has_chunk(obj, index):
             done.filled += 1
         else:

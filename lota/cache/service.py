@@ -13,7 +13,7 @@ import asyncio
 
 from lota.cache.fill import ChunkFill, Filler, FillJob, OriginReply
 from lota.cache.plan import chunk_span
-from lota.cache.source import ChunkSource
+from lota.cache.source import ByteSource, ChunkSource
 from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta
 
 
@@ -61,6 +61,10 @@ class ChunkService:
         """Bytes of a chunk already open and in the page cache, read without a thread."""
         return self._store.read_hot(obj, index, offset, count)
 
+    def release(self, obj: CachedObject, index: int) -> None:
+        """Drop a chunk kept here as a copy of another node's (its share is full)."""
+        self._store.release(obj, index)
+
     def drop_unreadable(self, obj: CachedObject, index: int) -> None:
         """A chunk turned out short or unreadable: forget it (it is refetched)."""
         self._store.drop_unreadable(obj, index)
@@ -69,7 +73,7 @@ class ChunkService:
 
     def fill(
         self,
-        source: ChunkSource,
+        source: ByteSource,
         bucket: str,
         key: str,
         first: int,
@@ -77,11 +81,15 @@ class ChunkService:
         known: CachedObject | None = None,
         *,
         suffix: int = 0,
+        expect: str = "",
     ) -> FillJob:
         """Fetch chunks first..last (None: to the end; or, for an object not known yet,
         the chunks within its last `suffix` bytes) from `source` in one request, into the
-        cache; the chunks someone else holds or fills are skipped."""
-        return self._filler.start(source, bucket, key, first, last, known, suffix=suffix)
+        cache; the chunks someone else holds or fills are skipped. For an object not known
+        yet, `expect` names the version it must be (If-Match: another answers 412)."""
+        return self._filler.start(
+            source, bucket, key, first, last, known, suffix=suffix, expect=expect
+        )
 
     def filling(self, obj: CachedObject, index: int) -> ChunkFill | None:
         """The fill bringing chunk `index` of `obj` in, if one is."""

@@ -3,7 +3,9 @@
 The cache asks a source two things about an object, and nothing else: its metadata (a
 HEAD, optionally of one part, optionally conditional on the ETag the cache holds) and a
 run of its bytes (a GET with a Range and ``If-Match`` on the version being filled). The
-answer is a :class:`SourceReply`: status, headers, and the body as it arrives.
+answer is a :class:`SourceReply`: status, headers, and the body as it arrives. A
+:class:`ByteSource` answers only the second: fills and relays need no more, and a peer
+node (which serves chunks, not metadata) is one.
 
 The origin (:class:`lota.regions.source.OriginSource`) is the first source; a peer node
 of the cluster is the next. A source says which kind it is (``kind``) and counts the body
@@ -55,22 +57,26 @@ class SourceReply(Protocol):
         ...
 
 
-class ChunkSource(Protocol):
-    """Object metadata and byte ranges, for one bucket's objects."""
+class ByteSource(Protocol):
+    """Byte ranges of one bucket's objects: what fills and relays read from."""
 
     kind: SourceKind
     name: str
     """What the source's traffic is counted under (an origin: its region)."""
-
-    def head(
-        self, bucket: str, key: str, *, part: int | None = None, if_none_match: str = ""
-    ) -> AbstractAsyncContextManager[SourceReply]:
-        """The object's metadata (of part `part`, if given)."""
-        ...
 
     def get(
         self, bucket: str, key: str, *, byte_range: str = "", if_match: str = ""
     ) -> AbstractAsyncContextManager[SourceReply]:
         """The object's bytes (those `byte_range` names, a Range header value), with its
         full metadata including checksums; 412 when `if_match` is not its ETag."""
+        ...
+
+
+class ChunkSource(ByteSource, Protocol):
+    """Object metadata and byte ranges, for one bucket's objects."""
+
+    def head(
+        self, bucket: str, key: str, *, part: int | None = None, if_none_match: str = ""
+    ) -> AbstractAsyncContextManager[SourceReply]:
+        """The object's metadata (of part `part`, if given)."""
         ...

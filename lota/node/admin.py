@@ -2,15 +2,18 @@
 
 =============================  ==========================================================
 ``GET /_lota/healthz``         the process answers (liveness)
-``GET /_lota/readyz``          200 while serving, 503 before start and once draining
+``GET /_lota/readyz``          200 while serving, 503 before start, before the cluster's
+                               members are known, and once draining
 ``GET /_lota/metrics``         Prometheus text
 ``POST /_lota/warm``           fill the cache with a prefix; progress as JSON lines
 ``GET|PUT /_lota/lifecycle/rules``  this node's lifecycle rules, as JSON
 ``GET /_lota/migrations``      accelerated writes not yet in their home region
+``/_lota/peer/…``              the other nodes of the cluster (lota.cluster.endpoint)
 =============================  ==========================================================
 
-The probes need no credentials; the other calls are signed like S3 requests and
-authorized against the S3 action they amount to.
+The probes need no credentials; the peer calls are signed with the cluster secret and
+nothing else; the other calls are signed like S3 requests and authorized against the S3
+action they amount to.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from lota.s3.addressing import is_valid_bucket_name, split_target
 from lota.s3.errors import S3Error
 from lota.s3.operations import bucket_arn, object_arn
 
+# Calls from the other nodes of the cluster.
+PEER_PREFIX = "/_lota/peer/"
 # What a draining node still answers: everything else gets 503.
 PROBES = frozenset({"/_lota/healthz", "/_lota/readyz", "/_lota/metrics"})
 # A lifecycle rules document stays well under this.
@@ -67,7 +72,7 @@ class Admin:
         if path == "/_lota/healthz":
             return web.Response(text="ok\n")
         if path == "/_lota/readyz":
-            ready = self._drain.ready
+            ready = self._drain.ready and self._cache.ready()
             return web.Response(
                 text="ready\n" if ready else "not ready\n", status=200 if ready else 503
             )
@@ -75,6 +80,8 @@ class Admin:
             return web.Response(
                 body=self._metrics.render(), content_type="text/plain", charset="utf-8"
             )
+        if path.startswith(PEER_PREFIX):
+            return await self._cache.peer(request)
         if path == "/_lota/warm" and request.method == "POST":
             return await self._warm(request)
         if path == "/_lota/lifecycle/rules":

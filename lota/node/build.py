@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 
 import aiohttp
 
@@ -27,12 +28,19 @@ from lota.auth import Authenticator
 from lota.cache.fill import Filler
 from lota.cache.plan import cacheable
 from lota.cache.reads import ReadPath
-from lota.cache.route import Alone
+from lota.cache.route import Alone, Placement
 from lota.cache.service import ChunkService
 from lota.cache.store import CacheError, CacheStore
 from lota.cache.warm import Warm
 from lota.catalog import open_catalog
 from lota.clock import Clock
+from lota.cluster.cluster import Cluster
+from lota.cluster.endpoint import PeerEndpoint
+from lota.cluster.hot import Copies, HotChunks
+from lota.cluster.members import Membership
+from lota.cluster.peers import PeerClient, peer_session
+from lota.cluster.placement import ChunkId, Clustered, HotCopies
+from lota.cluster.signing import Verifier
 from lota.config import Config
 from lota.connections import connection_limits
 from lota.errors import StartupError
@@ -136,9 +144,9 @@ def _origin_session(config: Config) -> aiohttp.ClientSession:
 
 
 # -- The cache components ---------------------------------------------------------------
-# CacheStore, Filler, ChunkService, ReadPath, Deliverer (inside ReadPath), the sources and
-# Warm are constructed here and nowhere else: a change to their constructors is made in
-# this one function.
+# CacheStore, Filler, ChunkService, ReadPath, Deliverer (inside ReadPath), the sources,
+# placements, the cluster's parts and Warm are constructed here and nowhere else: a change
+# to their constructors is made in these functions.
 
 
 @asynccontextmanager
@@ -151,39 +159,42 @@ async def build_cache(
     on_archived: Callable[[str, str], None],
 ) -> AsyncIterator[CacheFeature]:
     """The node's read cache, open (``StartupError`` when a cache dir is in use or
-    unusable: nothing to serve without it); closed on exit."""
+    unusable: nothing to serve without it), with its cluster if it is in one; closed on
+    exit."""
     c = config.cache
-    store = CacheStore(
-        c.dirs,
-        c.size,
-        c.chunk_size,
-        clock=clock,
-        verify=c.verify,
-        pinned=c.pinned,
-        fsync=c.fsync,
-        scrub_interval=c.scrub_interval,
-        high_watermark=c.high_watermark,
-        low_watermark=c.low_watermark,
-    )
-    try:
-        await store.open()
-    except CacheError as exc:
-        raise StartupError(str(exc)) from exc
-    try:
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(_open_store(config, clock))
         # The index just loaded is long-lived: keep the collector from rescanning it.
         gc.freeze()
         metrics.watch_store(store)
-        filler = Filler(store, c.chunk_size, metrics, clock, fills)
-        service = ChunkService(store, filler)
-        # Each region's origin is the source of its buckets' chunks.
-        placements = {
-            name: Alone(service, OriginSource(origin, metrics)) for name, origin in origins.items()
-        }
+        service = ChunkService(store, Filler(store, c.chunk_size, metrics, clock, fills))
+        # Each region's origin is the source of its buckets' chunks. Alone, a node keeps
+        # them all; in a cluster, each chunk's owner does.
+        sources = {name: OriginSource(origin, metrics) for name, origin in origins.items()}
+        alone = {name: Alone(service, source) for name, source in sources.items()}
+        placements: Mapping[str, Placement] = alone
+        cluster = None
+        if config.cluster.on:
+            cluster = await stack.enter_async_context(build_cluster(config, metrics))
+            hot = HotCopies(
+                HotChunks(config.cluster.hot_reads, config.cluster.hot_window),
+                Copies[ChunkId](int(config.cluster.hot_share * c.size)),
+                service,
+                metrics,
+            )
+            placements = {
+                name: Clustered(service, source, cluster, hot, fills, metrics)
+                for name, source in sources.items()
+            }
 
-        def placement_for(bucket: str) -> Alone:
+        def placement_for(bucket: str) -> Placement:
             return placements[origins.for_bucket(bucket).region.name]
 
+        def alone_for(bucket: str) -> Alone:
+            return alone[origins.for_bucket(bucket).region.name]
+
         reads = ReadPath(service, placement_for, c, clock, metrics)
+        stack.callback(reads.close)
         if config.lifecycle.restore_on_read:
             reads.on_archived = on_archived
 
@@ -203,18 +214,67 @@ async def build_cache(
                 concurrency=n,
             )
 
-        try:
-            yield CacheFeature(
-                on=True,
-                cacheable=cacheable,
-                serve=reads.serve,
-                invalidate=service.invalidate,
-                warm=warm,
+        feature = CacheFeature(
+            on=True,
+            cacheable=cacheable,
+            serve=reads.serve,
+            invalidate=service.invalidate,
+            warm=warm,
+        )
+        if cluster is not None:
+            verifier = Verifier(config.cluster.secret.encode())
+            endpoint = PeerEndpoint(verifier, service, reads.deliverer, alone_for, metrics)
+            feature = replace(
+                feature,
+                peer=endpoint.handle,
+                tell_peers=cluster.invalidate,
+                ready=cluster.is_ready,
             )
-        finally:
-            reads.close()
+        yield feature
+
+
+@asynccontextmanager
+async def _open_store(config: Config, clock: Clock) -> AsyncIterator[CacheStore]:
+    c = config.cache
+    store = CacheStore(
+        c.dirs,
+        c.size,
+        c.chunk_size,
+        clock=clock,
+        verify=c.verify,
+        pinned=c.pinned,
+        fsync=c.fsync,
+        scrub_interval=c.scrub_interval,
+        high_watermark=c.high_watermark,
+        low_watermark=c.low_watermark,
+    )
+    try:
+        await store.open()
+    except CacheError as exc:
+        raise StartupError(str(exc)) from exc
+    try:
+        yield store
     finally:
         await store.close()
+
+
+@asynccontextmanager
+async def build_cluster(config: Config, metrics: Metrics) -> AsyncIterator[Cluster]:
+    """This node's part in its cluster: the members read once (a static list is ready at
+    once), then refreshed by a task of its own; the peers' session closes on exit."""
+    c = config.cluster
+    scheme = "https" if config.tls_cert else "http"
+    async with peer_session(c.timeout, config.origin_timeout) as session:
+        membership = Membership(c.self, c.grace)
+        peers = PeerClient(c.self, c.secret.encode(), membership, session, metrics, scheme=scheme)
+        cluster = Cluster(c, peers, metrics)
+        await cluster.refresh()
+        tasks = TaskGroup("cluster")
+        tasks.start(cluster.run(), "refresh")
+        try:
+            yield cluster
+        finally:
+            await tasks.close()
 
 
 # -- The catalog ------------------------------------------------------------------------

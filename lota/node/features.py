@@ -1,12 +1,13 @@
 """The node's optional features as always-present objects: the read cache and the catalog.
 
 A node without ``cache.dirs`` still has a :class:`CacheFeature` (:meth:`CacheFeature.off`:
-nothing is cacheable, nothing to invalidate, no cache to warm); a node without a catalog
-still has a :class:`CatalogFeature` (:meth:`CatalogFeature.off`: nothing is routed by the
-catalog, no access is recorded, no event published). The front end asks them without
-checking whether the feature is there; :func:`lota.node.build.build_node` makes the real
-ones. ``on`` says which it is, for the few places that skip work rather than ask (the hit
-path, which must not pay for a feature the node does not have).
+nothing is cacheable, nothing to invalidate, no cache to warm, no peers to answer); a
+node without a catalog still has a :class:`CatalogFeature` (:meth:`CatalogFeature.off`:
+nothing is routed by the catalog, no access is recorded, no event published). The front
+end asks them without checking whether the feature is there;
+:func:`lota.node.build.build_node` makes the real ones. ``on`` says which it is, for the
+few places that skip work rather than ask (the hit path, which must not pay for a feature
+the node does not have).
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ from lota.s3.xml import DeleteRequest
 # (bucket, prefix, may_read(key), concurrency): one warm run, not yet started.
 WarmFactory = Callable[[str, str, Callable[[str], bool], int], Warm]
 ServeCached = Callable[[web.BaseRequest, Target], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+async def _no_cluster(request: web.BaseRequest) -> web.StreamResponse:
+    raise S3Error("InvalidRequest", "This node is not in a cluster ([cluster]).", status=404)
+
+
+async def _tell_nobody(bucket: str, keys: list[str]) -> None:
+    pass
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +57,13 @@ class CacheFeature:
     invalidate: Callable[[str, str], Awaitable[None]]
     """Drop this node's cached copy of (bucket, key)."""
     warm: WarmFactory
+    peer: Handler = _no_cluster
+    """Answer another node of the cluster (``/_lota/peer/``; :mod:`lota.cluster.endpoint`)."""
+    tell_peers: Callable[[str, list[str]], Awaitable[None]] = _tell_nobody
+    """Have every other node of the cluster drop its cached copies of these keys."""
+    ready: Callable[[], bool] = _always
+    """Whether the cache can serve: its index is loaded, and in a cluster the members are
+    known."""
 
     @classmethod
     def off(cls) -> CacheFeature:

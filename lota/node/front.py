@@ -26,7 +26,7 @@ from lota.auth.sigv4 import RequestView
 from lota.http import BodyWriter
 from lota.logs import AccessLog
 from lota.metrics import Metrics
-from lota.node.admin import PROBES, Admin
+from lota.node.admin import PEER_PREFIX, PROBES, Admin
 from lota.node.errors import as_s3_error, error_response, response_started
 from lota.node.features import CacheFeature, CatalogFeature
 from lota.node.invalidation import INVALIDATING, Invalidation
@@ -88,7 +88,7 @@ class Front:
         """Answer one request; never raises except to abort a response already started."""
         ctx = RequestContext()
         if is_admin(request.host, request.raw_path, self._domain):
-            ctx.operation = Op.ADMIN
+            ctx.operation = Op.PEER if request.path.startswith(PEER_PREFIX) else Op.ADMIN
         drain = self._drain
         drain.inflight += 1
         try:
@@ -111,7 +111,7 @@ class Front:
         elapsed = time.perf_counter() - ctx.started
         received = request.content.total_bytes
         m = self._metrics
-        m.bytes_out.inc(sent.body_size)
+        (m.peer_bytes_out if ctx.operation == Op.PEER else m.bytes_out).inc(sent.body_size)
         if received:
             m.bytes_in.inc(received)
         if sent.status:  # else nothing went out: the client left, or a shutdown cut it short
@@ -149,7 +149,7 @@ class Front:
             probe = ctx.operation == Op.ADMIN and request.path in PROBES
             if self._drain.draining and not probe:
                 return self._refuse_while_draining(request, ctx)
-            if ctx.operation == Op.ADMIN:
+            if ctx.operation in (Op.ADMIN, Op.PEER):
                 return await self._admin.handle(request)
             return await self._s3(request, ctx)
         except (asyncio.CancelledError, ConnectionError):

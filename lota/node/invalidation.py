@@ -4,7 +4,8 @@
   and again after it (a read that crossed the write may have cached the old version).
 * On the other nodes, through the catalog: an ``INVALIDATE`` event per key, which each
   node's :func:`follow_events` turns into a local drop. Accelerated writes need no event
-  of their own: the catalog commit publishes one.
+  of their own: the catalog commit publishes one. A cluster without a catalog tells the
+  other nodes itself, with a signed peer call to each (:mod:`lota.cluster.endpoint`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Invalidation:
     def __init__(self, cache: CacheFeature, catalog: CatalogFeature) -> None:
         self._cache = cache
         self._catalog = catalog.catalog
+        self._catalog_on = catalog.on
 
     async def drop_cached(self, bucket: str, keys: list[str]) -> None:
         """Drop this node's cached copies (accelerated writes: the catalog's own events tell
@@ -46,6 +48,8 @@ class Invalidation:
         """Drop cached copies of objects a write changes (before and after it), here and,
         through the catalog, on every other node."""
         await self.drop_cached(bucket, keys)
+        if not self._catalog_on:
+            await self._cache.tell_peers(bucket, keys)
         for key in keys:
             await self._catalog.publish(EventKind.INVALIDATE, bucket, key)
 

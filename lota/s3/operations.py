@@ -56,6 +56,7 @@ class Op(StrEnum):
     LIST_PARTS = "ListParts"
     # Not S3's: LOTA's own /_lota/ calls, and a request that failed before it had a name.
     ADMIN = "Admin"
+    PEER = "Peer"  # another node of the cluster asking (/_lota/peer/)
     UNKNOWN = "Unknown"
 
 

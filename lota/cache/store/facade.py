@@ -55,6 +55,7 @@ COUNTERS = (
     "scrubbed",
     "replaced",
     "invalidated",
+    "released",
     "swept_deleted",
     "swept_missing",
     "swept_wrong_length",
@@ -317,6 +318,13 @@ class CacheStore:
         """A reader found chunk `index` short or unreadable: drop it, so that the next read
         fetches it again instead of failing the same way."""
         self._readers.drop_unreadable(obj, index)
+
+    def release(self, obj: CachedObject, index: int) -> None:
+        """Drop chunk `index` of `obj`, which another node owns and this one kept as a copy
+        (the room for such copies is full); the object's entry stays."""
+        chunk = obj.chunks.get(index) if obj.alive else None
+        if chunk is not None:
+            self._table.drop(chunk, "released")
 
     # Chunks
 

@@ -1,0 +1,176 @@
+"""The peer endpoint: what a node answers the other nodes of its cluster, under ``/_lota/peer/``.
+
+=================================================  =======================================
+``GET /_lota/peer/object?bucket=B&key=K``          bytes of one version of an object:
+  ``If-Match: ETAG``, ``Range: bytes=A-Z``         206 from the cache (zero-copy), or filled
+                                                   from the origin as they arrive; 412 when
+                                                   the origin has another version
+``POST /_lota/peer/fill?bucket=B&key=K&chunks=..`` fill those chunks of version ETAG, then
+  ``If-Match: ETAG``                               200 ``{"filled", "cached", "failed"}``
+``POST /_lota/peer/invalidate?bucket=B&key=K``     drop this node's cached copy
+``GET /_lota/peer/ping``                           200 while serving
+=================================================  =======================================
+
+Every request must carry a valid signature made with the cluster secret
+(:mod:`lota.cluster.signing`): anything else is answered 403 before anything is looked
+up, fetched or filled. Client credentials are not looked at here, and the client's
+authentication and policy were checked by the node the client talks to.
+
+The owner never forwards: what it does not hold it fills from its own origin (one request
+however many nodes ask at once), so two nodes that disagree on the members cannot send a
+request around in circles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from lota.cache import plan
+from lota.cache.deliver import Deliverer
+from lota.cache.fill import OriginReply
+from lota.cache.layout import chunk_count
+from lota.cache.reads import BufferedHeadersResponse, relay_reply
+from lota.cache.route import Alone, warm_here
+from lota.cache.service import ChunkService
+from lota.cache.store import CachedObject
+from lota.cluster.peers import FILL, INVALIDATE, OBJECT, PING
+from lota.cluster.signing import PeerRefused, Verifier
+from lota.metrics import Metrics
+from lota.s3.addressing import is_valid_bucket_name
+from lota.s3.errors import S3Error
+
+PREFIX = "/_lota/peer/"
+# A fill names at most this many chunks (80 GiB of 8 MiB chunks).
+MAX_FILL_CHUNKS = 10_000
+_CHUNK_LIST = re.compile(r"[0-9]{1,9}(,[0-9]{1,9})*")
+
+
+class PeerEndpoint:
+    """Answers the other nodes' requests, from this node's cache and origins only."""
+
+    def __init__(
+        self,
+        verifier: Verifier,
+        cache: ChunkService,
+        deliverer: Deliverer,
+        alone_for: Callable[[str], Alone],
+        metrics: Metrics,
+    ) -> None:
+        self._verifier = verifier
+        self._cache = cache
+        self._deliverer = deliverer
+        self._alone_for = alone_for
+        self._metrics = metrics
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            self._verifier.verify(request.method, request.raw_path, request.headers, time.time())
+        except PeerRefused as exc:
+            self._metrics.peer_refused.labels(exc.reason).inc()
+            raise
+        path, method = request.path, request.method
+        if path == OBJECT and method == "GET":
+            return await self._object(request)
+        if path == FILL and method == "POST":
+            return await self._fill(request)
+        if path == INVALIDATE and method == "POST":
+            bucket, key = _target(request)
+            await self._cache.invalidate(bucket, key)
+            return web.Response(text="ok\n")
+        if path == PING and method == "GET":
+            return web.Response(text="ok\n")
+        raise S3Error("InvalidRequest", f"Unknown peer call {method} {path}.", status=404)
+
+    async def _object(self, request: web.BaseRequest) -> web.StreamResponse:
+        bucket, key = _target(request)
+        etag = _version(request)
+        wanted = request.headers.get("range", "")
+        placement = self._alone_for(bucket)
+        found = await self._version_of(placement, bucket, key, etag, wanted)
+        if not isinstance(found, CachedObject):
+            return relay_reply(found)
+        m = found.meta
+        first, last, status = plan.answer_range(wanted, m.size)
+        answered = "HIT" if self._cache.holds(found, first, last) else "MISS"
+        self._metrics.peer_served.labels(answered).inc()
+        response = BufferedHeadersResponse(status=status)
+        response.headers.extend(
+            plan.response_headers(
+                m.headers,
+                status=status,
+                checksums=False,
+                part=False,
+                overrides=(),
+                source=answered,
+                first=first,
+                last=last,
+                size=m.size,
+            )
+        )
+        response.content_length = max(0, last - first + 1)
+        await response.prepare(request)
+        if last >= first:
+            await self._deliverer.send(request, response, placement, found, first, last)
+        await response.write_eof()
+        return response
+
+    async def _version_of(
+        self, placement: Alone, bucket: str, key: str, etag: str, wanted: str
+    ) -> CachedObject | OriginReply:
+        """The entry of version `etag`: the one held, or learnt from the origin by the GET
+        that starts filling the chunks asked for (If-Match: another version is a 412)."""
+        held = self._cache.lookup(bucket, key)
+        if held is not None and held.meta.etag == etag:
+            return held
+        cold = plan.cold_fetch("GET", wanted, None, self._cache.chunk_size)
+        job = self._cache.fill(
+            placement.origin, bucket, key, cold.first, cold.last, suffix=cold.suffix, expect=etag
+        )
+        found = await asyncio.shield(job.result)
+        if isinstance(found, CachedObject) and found.meta.etag != etag:
+            return OriginReply(412, [], b"")  # another reader's fill learnt another version
+        return found
+
+    async def _fill(self, request: web.BaseRequest) -> web.StreamResponse:
+        bucket, key = _target(request)
+        etag = _version(request)
+        chunks = _chunks(request.query.get("chunks", ""))
+        placement = self._alone_for(bucket)
+        first, last = plan.runs(chunks)[0]
+        size = self._cache.chunk_size
+        wanted = f"bytes={first * size}-{(last + 1) * size - 1}"
+        found = await self._version_of(placement, bucket, key, etag, wanted)
+        if not isinstance(found, CachedObject):
+            return relay_reply(found)
+        count = chunk_count(found.meta.size, size)
+        warmed = await warm_here(
+            self._cache, placement.origin, bucket, key, found, [i for i in chunks if i < count]
+        )
+        result = {"filled": warmed.filled, "cached": warmed.cached, "failed": warmed.failed}
+        return web.Response(text=json.dumps(result), content_type="application/json")
+
+
+def _target(request: web.BaseRequest) -> tuple[str, str]:
+    bucket, key = request.query.get("bucket", ""), request.query.get("key", "")
+    if not is_valid_bucket_name(bucket) or not key:
+        raise S3Error("InvalidRequest", "A peer call names a bucket and a key.")
+    return bucket, key
+
+
+def _version(request: web.BaseRequest) -> str:
+    etag = request.headers.get("if-match", "")
+    if not etag:
+        raise S3Error("InvalidRequest", "A peer read names the version it wants (If-Match).")
+    return etag
+
+
+def _chunks(raw: str) -> list[int]:
+    if not _CHUNK_LIST.fullmatch(raw) or raw.count(",") >= MAX_FILL_CHUNKS:
+        raise S3Error("InvalidRequest", "chunks must be chunk numbers, comma-separated.")
+    return sorted({int(i) for i in raw.split(",")})
