@@ -219,6 +219,9 @@ class Filler:
             self._tasks.start(self._learn(source, bucket, key, pending), f"head {bucket}/{key}")
         return pending
 
+    def learning(self, bucket: str, key: str) -> bool:
+        return (bucket, key) in self._learning
+
     async def _learn(
         self,
         source: ChunkSource,

@@ -103,6 +103,10 @@ class ChunkService:
         askers share one HEAD. A non-200 answer comes back as the :class:`OriginReply`."""
         return await asyncio.shield(self._filler.learn(source, bucket, key))
 
+    def learning(self, bucket: str, key: str) -> bool:
+        """Whether the object's metadata is being learnt right now (a HEAD in flight)."""
+        return self._filler.learning(bucket, key)
+
     def cold_job(self, bucket: str, key: str) -> FillJob | None:
         """A fill of an object whose metadata is not known yet, if one is running."""
         return self._filler.cold_job(bucket, key)

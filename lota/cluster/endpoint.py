@@ -123,18 +123,31 @@ class PeerEndpoint:
     async def _version_of(
         self, placement: Alone, bucket: str, key: str, etag: str, wanted: str
     ) -> CachedObject | OriginReply:
-        """The entry of version `etag`: the one held, or learnt from the origin by the GET
-        that starts filling the chunks asked for (If-Match: another version is a 412)."""
+        """The entry of version `etag`: the one held; or learnt from the GET that starts
+        filling the chunks asked for (If-Match: the origin answers 412 if it has another
+        version); or, while this node is learning the object already (a reader here asked
+        first), from that. Either way the chunks are registered before their bytes are
+        fetched, so readers here and peers asking for the same chunks share one request."""
         held = self._cache.lookup(bucket, key)
         if held is not None and held.meta.etag == etag:
             return held
-        cold = plan.cold_fetch("GET", wanted, None, self._cache.chunk_size)
-        job = self._cache.fill(
-            placement.origin, bucket, key, cold.first, cold.last, suffix=cold.suffix, expect=etag
-        )
-        found = await asyncio.shield(job.result)
+        cache = self._cache
+        if cache.learning(bucket, key):
+            found = await cache.learn(placement.origin, bucket, key)
+        else:
+            cold = plan.cold_fetch("GET", wanted, None, cache.chunk_size)
+            job = cache.fill(
+                placement.origin,
+                bucket,
+                key,
+                cold.first,
+                cold.last,
+                suffix=cold.suffix,
+                expect=etag,
+            )
+            found = await asyncio.shield(job.result)
         if isinstance(found, CachedObject) and found.meta.etag != etag:
-            return OriginReply(412, [], b"")  # another reader's fill learnt another version
+            return OriginReply(412, [], b"")  # the origin has another version now
         return found
 
     async def _fill(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -148,7 +161,7 @@ class PeerEndpoint:
         found = await self._version_of(placement, bucket, key, etag, wanted)
         if not isinstance(found, CachedObject):
             return relay_reply(found)
-        count = chunk_count(found.meta.size, size)
+        count = chunk_count(found.meta.size, self._cache.chunk_size)
         warmed = await warm_here(
             self._cache, placement.origin, bucket, key, found, [i for i in chunks if i < count]
         )
