@@ -130,7 +130,8 @@ class Metrics:
             "lota_cache_bytes",
             "Object bytes sent to clients by the read path, by source: hit (stored chunk), "
             "fill (following a fill in progress), peer (relayed from the chunk's owner "
-            "node), origin (relayed when the cache could not hold it, or every owner failed)",
+            "node), sibling (relayed from the worker of this node that owns it, filling "
+            "it), origin (relayed when the cache could not hold it, or every owner failed)",
             ["source"],
             registry=r,
         )
@@ -282,6 +283,13 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.peer_served_bytes = Counter(
+            "lota_peer_served_bytes",
+            "Chunk bytes this process sent to other nodes and other workers, by where it "
+            "found them, as lota_cache_bytes (which counts client bytes only)",
+            ["source"],
+            registry=r,
+        )
         self.peer_bytes_out = Counter(
             "lota_peer_bytes_out",
             "Chunk bytes sent to other nodes (not counted in lota_bytes_out)",
@@ -321,6 +329,28 @@ class Metrics:
             "Hot chunks of other nodes' this node started keeping a copy of",
             registry=r,
         )
+        self.worker_requests = Counter(
+            "lota_worker_requests",
+            "Chunk reads this worker asked of the other workers of its node (their chunks, "
+            "not held: relayed as they filled them), by result, as lota_peer_requests",
+            ["result"],
+            registry=r,
+        )
+        self.worker_bytes_in = Counter(
+            "lota_worker_bytes_in", "Chunk bytes relayed from the other workers", registry=r
+        )
+        self.worker_bytes_out = Counter(
+            "lota_worker_bytes_out",
+            "Chunk bytes relayed to the other workers (not in lota_bytes_out)",
+            registry=r,
+        )
+        self.workers = Gauge(
+            "lota_workers",
+            "Worker processes whose metrics are in this answer (the node's workers that "
+            "answered; 1 per worker)",
+            registry=r,
+        )
+        self.workers.set(1)
         self.cluster_copy_bytes = Gauge(
             "lota_cluster_copy_bytes",
             "Bytes of hot chunks of other nodes' kept here (at most hot_share of the budget)",

@@ -4,7 +4,7 @@
 ``GET /_lota/healthz``         the process answers (liveness)
 ``GET /_lota/readyz``          200 while serving, 503 before start, before the cluster's
                                members are known, and once draining
-``GET /_lota/metrics``         Prometheus text
+``GET /_lota/metrics``         Prometheus text, summed over the node's workers
 ``POST /_lota/warm``           fill the cache with a prefix; progress as JSON lines
 ``GET|PUT /_lota/lifecycle/rules``  this node's lifecycle rules, as JSON
 ``GET /_lota/migrations``      accelerated writes not yet in their home region
@@ -19,6 +19,7 @@ action they amount to.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -58,7 +59,10 @@ class Admin:
         lifecycle: LifecycleState,
         cache: CacheFeature,
         catalog: CatalogFeature,
+        node_metrics: Callable[[bytes], Awaitable[bytes]],
     ) -> None:
+        """`node_metrics`: the node's metrics from this process's (its workers' added)."""
+        self._node_metrics = node_metrics
         self._config = config
         self._auth = auth
         self._metrics = metrics
@@ -77,9 +81,10 @@ class Admin:
                 text="ready\n" if ready else "not ready\n", status=200 if ready else 503
             )
         if path == "/_lota/metrics":
-            return web.Response(
-                body=self._metrics.render(), content_type="text/plain", charset="utf-8"
-            )
+            own = self._metrics.render()
+            # ?worker=own: this worker's alone (what a sibling asks for, to add up).
+            body = own if "worker" in request.query else await self._node_metrics(own)
+            return web.Response(body=body, content_type="text/plain", charset="utf-8")
         if path.startswith(PEER_PREFIX):
             return await self._cache.peer(request)
         if path == "/_lota/warm" and request.method == "POST":
