@@ -237,6 +237,12 @@ class Metrics:
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
         )
+        self.ready = Gauge(
+            "lota_ready",
+            "1 while /_lota/readyz answers 200 (index loaded, members known, not draining), "
+            "else 0: what a readiness probe sees, for alerts where no probe results are kept",
+            registry=r,
+        )
         self.client_connections = Gauge(
             "lota_client_connections", "Client connections open right now", registry=r
         )

@@ -100,6 +100,8 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
                 build_catalog(config, clock, metrics, origins, tasks, lifecycle, cache)
             )
         stack.push_async_callback(_stop_work, drain, catalog, fills, tasks)
+        admin = Admin(config, auth, metrics, drain, lifecycle, cache, catalog)
+        metrics.ready.set_function(lambda: float(admin.ready()))
         front = Front(
             domain=config.domain,
             body_timeout=config.body_timeout,
@@ -107,7 +109,7 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
             metrics=metrics,
             access_log=access_log,
             drain=drain,
-            admin=Admin(config, auth, metrics, drain, lifecycle, cache, catalog),
+            admin=admin,
             passthrough=PassThrough(origins, config.body_timeout),
             cache=cache,
             catalog=catalog,
