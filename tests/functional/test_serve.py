@@ -38,6 +38,13 @@ def test_probes_and_prometheus_metrics(lota: LotaProcess, s3: Any, bucket: str) 
     assert "lota_bytes_in_total" in metrics
     assert f'lota_build_info{{version="{__version__}"}} 1.0' in metrics.splitlines()
     assert "lota_ready 1.0" in metrics.splitlines()
+    # Counters alerts take rate() of start at 0, so that their first event shows as a rise.
+    for zero in (
+        'lota_origin_errors_total{region="us-east"}',
+        'lota_peer_fallbacks_total{to="origin"}',
+        'lota_lifecycle_transitions_total{tier="archive"}',
+    ):
+        assert f"{zero} 0.0" in metrics.splitlines()
     assert not [line for line in metrics.splitlines() if "_created" in line]
 
 
