@@ -26,6 +26,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from lota import __version__
+from lota.lifecycle.rules import TIERS
 
 # Process-wide in prometheus-client: every registry built from here on, ours included.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -172,7 +173,9 @@ class Metrics:
             ["result"],
             registry=r,
         )
-        for result in ("filled", "cached", "denied", "failed"):  # zeros are news too
+        # Children made at 0 up front, here and below: rate() and increase() see a counter's
+        # first step only from a sample before it, so one born at its first event hides it.
+        for result in ("filled", "cached", "denied", "failed"):
             self.warm_objects.labels(result)
         self.warm_filled_bytes = Counter(
             "lota_warm_filled_bytes",
@@ -225,6 +228,8 @@ class Metrics:
             ["tier"],
             registry=r,
         )
+        for tier in TIERS:
+            self.lifecycle_transitions.labels(tier)
         self.lifecycle_transition_bytes = Counter(
             "lota_lifecycle_transition_bytes", "Bytes moved between tiers", registry=r
         )
@@ -237,6 +242,12 @@ class Metrics:
         self._declare_cluster(r)
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
+        )
+        self.ready = Gauge(
+            "lota_ready",
+            "1 while /_lota/readyz answers 200 (index loaded, members known, not draining), "
+            "else 0: what a readiness probe sees, for alerts where no probe results are kept",
+            registry=r,
         )
         self.client_connections = Gauge(
             "lota_client_connections", "Client connections open right now", registry=r
@@ -309,6 +320,8 @@ class Metrics:
             ["to"],
             registry=r,
         )
+        for to in ("peer", "origin"):
+            self.peer_fallbacks.labels(to)
         self.cluster_members = Gauge(
             "lota_cluster_members",
             "Members this node knows of, by state: live, or suspected (its last call failed)",

@@ -71,12 +71,16 @@ class Admin:
         self._cache = cache
         self._catalog = catalog.catalog
 
+    def ready(self) -> bool:
+        """Whether the node serves: started and not draining, its cache ready."""
+        return self._drain.ready and self._cache.ready()
+
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if path == "/_lota/healthz":
             return web.Response(text="ok\n")
         if path == "/_lota/readyz":
-            ready = self._drain.ready and self._cache.ready()
+            ready = self.ready()
             return web.Response(
                 text="ready\n" if ready else "not ready\n", status=200 if ready else 503
             )

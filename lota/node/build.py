@@ -94,6 +94,10 @@ async def build_node(
                 build_catalog(config, clock, metrics, origins, tasks, lifecycle, cache, engines)
             )
         stack.push_async_callback(_stop_work, drain, catalog, fills, tasks)
+        admin = Admin(
+            config, auth, metrics, drain, lifecycle, cache, catalog, node_metrics(siblings)
+        )
+        metrics.ready.set_function(lambda: float(admin.ready()))
         front = Front(
             domain=config.domain,
             body_timeout=config.body_timeout,
@@ -101,9 +105,7 @@ async def build_node(
             metrics=metrics,
             access_log=access_log,
             drain=drain,
-            admin=Admin(
-                config, auth, metrics, drain, lifecycle, cache, catalog, node_metrics(siblings)
-            ),
+            admin=admin,
             passthrough=PassThrough(origins, config.body_timeout),
             cache=cache,
             catalog=catalog,

@@ -60,6 +60,7 @@ class OriginClient:
         self._body_read_timeout = body_read_timeout
         self._session = session
         self._metrics = metrics
+        metrics.origin_errors.labels(region.name)  # a first failure is a rise from 0
         self._clock = clock
         self._endpoint = region.endpoint.rstrip("/")
         self._host = urlsplit(self._endpoint).netloc

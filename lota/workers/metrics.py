@@ -24,6 +24,7 @@ LARGEST = frozenset(
         "lota_cluster_members",
         "lota_cluster_owners",
         "lota_build_info",
+        "lota_ready",
         "lota_cache_dir_free_bytes",
         "lota_migration_pending",
         "lota_migration_pending_bytes",
