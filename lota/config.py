@@ -359,8 +359,8 @@ def settings() -> Iterator[Setting]:
     yield Setting("origin", "str")
     for section, cls in _SECTIONS.items():
         for f in dataclasses.fields(cls):
-            if (section, f.name) == ("cache", "revalidate"):
-                yield Setting("cache.revalidate", "table")
+            if (section, f.name) in (("cache", "revalidate"), ("cluster", "dial")):
+                yield Setting(f"{section}.{f.name}", "table")
             elif (section, f.name) == ("lifecycle", "tiers"):
                 yield from (Setting(f"lifecycle.tiers.{tier}", "str") for tier in TIERS)
             elif (section, f.name) == ("lifecycle", "rules"):
@@ -545,7 +545,11 @@ def _regions(data: Any) -> dict[str, RegionConfig]:
 
 def _cluster(section: Any) -> ClusterConfig:
     """``[cluster]``; the secret is read from ``secret_file`` here, once."""
-    values = section_values(section, ClusterConfig, "cluster.")
+    values = section_values(section, ClusterConfig, "cluster.", special={"dial"})
+    dial = values.get("dial", {})
+    if not isinstance(dial, Mapping):
+        raise ConfigError('cluster.dial must be a table: "MEMBER" = "HOST:PORT"')
+    values["dial"] = tuple((str(k), coerce(v, "str", f"cluster.dial.{k}")) for k, v in dial.items())
     path = values.get("secret_file", "")
     if path and not values.get("secret"):
         try:

@@ -337,6 +337,12 @@ class Metrics:
             "longer than the grace period)",
             registry=r,
         )
+        self.node_info = Gauge(
+            "lota_node_info",
+            "1, labelled with this node's rack ([cluster] rack) and cluster address",
+            ["rack", "member"],
+            registry=r,
+        )
         self.cluster_copies = Counter(
             "lota_cluster_copies",
             "Hot chunks of other nodes' this node started keeping a copy of",

@@ -41,9 +41,18 @@ class ClusterConfig:
     hot_reads: int = 2
     hot_window: Duration = 300.0
     hot_share: float = 0.125
+    # This node's rack (or any failure domain), reported in lota_node_info.
+    rack: str = ""
+    # Members reached through another address (HOST:PORT each): a proxy, a NAT, an
+    # emulated link between racks. A member keeps its name (ownership, signatures).
+    dial: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "members", tuple(self.members))
+        object.__setattr__(self, "dial", tuple(self.dial))
+        for member, address in self.dial:
+            _host_port(member, "cluster.dial")
+            _host_port(address, "cluster.dial")
         if self.members and self.dns:
             raise ConfigError("cluster.members and cluster.dns go one at a time: pick one")
         for member in (*self.members, *([self.dns] if self.dns else []), self.self):

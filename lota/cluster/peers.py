@@ -75,10 +75,11 @@ class PeerClient:
         *,
         scheme: str = "http",
         sessions: Mapping[str, aiohttp.ClientSession] | None = None,
+        dial: Mapping[str, str] | None = None,
     ) -> None:
         """`sessions`: members reached through a session of their own (the workers of this
         node, each on its Unix socket, counted as workers' calls); the others through
-        `session` (other nodes, counted as peers')."""
+        `session` (other nodes, counted as peers'), at their `dial` address if they have one."""
         self.me = me
         self.membership = membership
         self.metrics = metrics
@@ -89,6 +90,7 @@ class PeerClient:
         self._session = session
         self._scheme = scheme
         self._sessions = sessions or {}
+        self._dial = dial or {}
         self._sources: dict[str, PeerSource] = {}
 
     def source(self, member: str) -> PeerSource:
@@ -115,7 +117,7 @@ class PeerClient:
         session = self._sessions.get(member)
         base = "http://localhost"  # a Unix socket's
         if session is None:
-            session, base = self._session, f"{self._scheme}://{member}"
+            session, base = self._session, f"{self._scheme}://{self._dial.get(member, member)}"
         if session is None:
             raise PeerError(f"no way to reach {member}")
         try:

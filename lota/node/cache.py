@@ -195,7 +195,16 @@ async def build_cluster(config: Config, metrics: Metrics) -> AsyncIterator[Clust
     scheme = "https" if config.tls_cert else "http"
     async with peer_session(c.timeout, config.origin_timeout) as session:
         membership = Membership(c.self, c.grace)
-        peers = PeerClient(c.self, c.secret.encode(), membership, session, metrics, scheme=scheme)
+        peers = PeerClient(
+            c.self,
+            c.secret.encode(),
+            membership,
+            session,
+            metrics,
+            scheme=scheme,
+            dial=dict(c.dial),
+        )
+        metrics.node_info.labels(c.rack, c.self).set(1)
         cluster = Cluster(c, peers, metrics)
         await cluster.refresh()
         tasks = TaskGroup("cluster")

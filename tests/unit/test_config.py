@@ -97,6 +97,11 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "cluster.hot_reads": ("3", lambda c: c.cluster.hot_reads == 3),
     "cluster.hot_window": ("1m", lambda c: c.cluster.hot_window == 60.0),
     "cluster.hot_share": ("0.25", lambda c: c.cluster.hot_share == 0.25),
+    "cluster.rack": ("r7", lambda c: c.cluster.rack == "r7"),
+    "cluster.dial": (
+        "10.0.1.5:9000=127.0.0.1:7001",
+        lambda c: c.cluster.dial == (("10.0.1.5:9000", "127.0.0.1:7001"),),
+    ),
     "regions.NAME.endpoint": ("http://10.1.0.1:9000", None),
     "regions.NAME.access_key_id": ("AKFAR", None),
     "regions.NAME.secret_access_key": ("far-secret", None),
@@ -114,7 +119,7 @@ COMPANIONS = {
         f"cluster.{name}": CLUSTER
         for name in ("self", "refresh", "secret_file", "grace", "timeout", "hot_reads")
     },
-    **{f"cluster.{name}": CLUSTER for name in ("hot_window", "hot_share")},
+    **{f"cluster.{name}": CLUSTER for name in ("hot_window", "hot_share", "rack", "dial")},
     "cluster.members": {"LOTA_CLUSTER_SECRET": SECRET},
     "cluster.dns": {"LOTA_CLUSTER_SECRET": SECRET},
     "cluster.secret": {"LOTA_CLUSTER_MEMBERS": "127.0.0.1:9000"},
