@@ -37,14 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-from botocore.config import Config as BotoConfig
 
-from bench.common import origin_client, percentiles, save, table
+from bench.common import origin_client, percentiles, presigned_urls, save, table
 from bench.loadgen import LoadClient, Request, Result, get_request
 from lota.config import parse_duration, parse_size
 from lota.embedded import EmbeddedOrigin
 from lota.testing.cluster import LocalCluster
-from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.credentials import write_credentials
 from lota.testing.wan import parse_bandwidth
 
 MiB = 1024 * 1024
@@ -63,22 +62,6 @@ def run_requests(requests: list[Request], concurrency: int) -> Result:
             client.close()
 
     return asyncio.run(go())
-
-
-def presign(url: str, keys: list[str]) -> dict[str, str]:
-    key, secret, _ = PRINCIPALS["admin"]
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=url,
-        aws_access_key_id=key,
-        aws_secret_access_key=secret,
-        region_name="us-east-1",
-        config=BotoConfig(signature_version="s3v4"),
-    )
-    return {
-        k: str(s3.generate_presigned_url("get_object", {"Bucket": BUCKET, "Key": k}, 3600))
-        for k in keys
-    }
 
 
 def node_totals(cluster: LocalCluster) -> dict[str, float]:
@@ -109,7 +92,10 @@ class Run:
 
     def prepare(self) -> None:
         keys = self.checkpoint + self.dataset
-        self.urls = [presign(url, keys) for url in self.cluster.urls]
+        self.urls = [
+            dict(zip(keys, presigned_urls(url, BUCKET, keys), strict=True))
+            for url in self.cluster.urls
+        ]
 
     def clients(self) -> list[dict[str, str]]:
         """Each client's node URLs, clients spread over the nodes."""

@@ -26,13 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import boto3
-from botocore.config import Config as BotoConfig
-
-from bench.common import save, table
+from bench.common import presigned_urls, save, table
 from bench.origin import FileOrigin
 from lota.config import parse_duration, parse_size
-from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.credentials import write_credentials
 from lota.testing.processes import LotaProcess
 from lota.testing.wan import WanLink, parse_bandwidth
 
@@ -71,19 +68,6 @@ def origin_bytes(node: LotaProcess) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def presign(url: str, key: str) -> str:
-    access, secret, _ = PRINCIPALS["admin"]
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=url,
-        aws_access_key_id=access,
-        aws_secret_access_key=secret,
-        region_name="us-east-1",
-        config=BotoConfig(signature_version="s3v4"),
-    )
-    return str(s3.generate_presigned_url("get_object", {"Bucket": BUCKET, "Key": key}, 3600))
-
-
 async def run(args: argparse.Namespace, work: Path, wan: WanLink) -> Any:
     key, expected = args.key, args.sha
     rows = []
@@ -100,7 +84,7 @@ async def run(args: argparse.Namespace, work: Path, wan: WanLink) -> Any:
         node = LotaProcess(["--config", str(config)], log_path=work / "lota.log").start()
         try:
             direct = await curl(f"{wan.endpoint}/{BUCKET}/{key}")
-            url = presign(node.url, key)
+            url = presigned_urls(node.url, BUCKET, [key])[0]
             cold = await curl(url)
             fetched = await asyncio.to_thread(origin_bytes, node)
             hit = await curl(url)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from botocore.config import Config as BotoConfig
 
 from lota.embedded import EmbeddedOrigin
 from lota.testing.credentials import PRINCIPALS, write_credentials
@@ -113,6 +114,21 @@ async def lota_with_origin(
                 yield Setup(origin, node, work, far)
             finally:
                 node.stop()
+
+
+def presigned_urls(endpoint: str, bucket: str, keys: Sequence[str]) -> list[str]:
+    """A presigned SigV4 GET per key, through `endpoint`, as the admin principal (2 h)."""
+    access, secret, _ = PRINCIPALS["admin"]
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=access,
+        aws_secret_access_key=secret,
+        region_name="us-east-1",
+        config=BotoConfig(signature_version="s3v4"),
+    )
+    params = [{"Bucket": bucket, "Key": key} for key in keys]
+    return [str(s3.generate_presigned_url("get_object", p, 7200)) for p in params]
 
 
 def percentiles(samples: Sequence[float]) -> dict[str, float]:

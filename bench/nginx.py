@@ -31,15 +31,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import boto3
-from botocore.config import Config as BotoConfig
-
-from bench.common import percentiles, save, table
+from bench.common import percentiles, presigned_urls, save, table
 from bench.latency import run_cell
 from bench.loadgen import get_request
 from bench.origin import FileOrigin
 from bench.throughput import streams
-from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.credentials import write_credentials
 from lota.testing.processes import LotaProcess, free_port
 
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024**3
@@ -157,25 +154,6 @@ def write_objects(root: Path, count: int) -> list[str]:
     return keys
 
 
-def presigner(url: str) -> Any:
-    access, secret, _ = PRINCIPALS["admin"]
-    return boto3.client(
-        "s3",
-        endpoint_url=url,
-        aws_access_key_id=access,
-        aws_secret_access_key=secret,
-        region_name="us-east-1",
-        config=BotoConfig(signature_version="s3v4"),
-    )
-
-
-def urls_for(base: str, keys: list[str]) -> list[str]:
-    """A presigned URL per key; for nginx, LOTA's URLs moved to nginx's port."""
-    s3 = presigner(base)
-    params = [{"Bucket": BUCKET, "Key": k} for k in keys]
-    return [str(s3.generate_presigned_url("get_object", p, 7200)) for p in params]
-
-
 async def cell(
     pool: ProcessPoolExecutor, urls: list[str], count: int, concurrency: int, pids: list[int]
 ) -> dict[str, Any]:
@@ -213,7 +191,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         node = LotaProcess(["--config", str(config)], log_path=work / "lota.log", env=env)
         node.start()
         try:
-            lota_urls = urls_for(node.url, keys)
+            lota_urls = presigned_urls(node.url, BUCKET, keys)
             systems = {
                 "LOTA": (lota_urls, lota_pids(node)),
                 "nginx": ([u.replace(node.url, nginx.url) for u in lota_urls], nginx.pids()),
@@ -234,11 +212,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                 f"{row['errors'] or ''}",
                                 flush=True,
                             )
-            big = {
-                "LOTA": presigner(node.url).generate_presigned_url(
-                    "get_object", {"Bucket": BUCKET, "Key": "big.bin"}, 7200
-                )
-            }
+            big = {"LOTA": presigned_urls(node.url, BUCKET, ["big.bin"])[0]}
             big["nginx"] = big["LOTA"].replace(node.url, nginx.url)
             for url in big.values():
                 await streams([url], GiB)  # fill, untimed

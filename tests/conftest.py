@@ -15,6 +15,7 @@ from lota.embedded import moto_server
 from lota.testing.credentials import PRINCIPALS, write_credentials
 from lota.testing.processes import LotaProcess
 from tests.postgres import PostgresServer, PostgresUnavailable
+from tests.recorder import RecordingProxy, recording_proxy
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +55,19 @@ def client_for(endpoint: str, principal: str = "admin", **config: Any) -> Any:
         region_name="us-east-1",
         config=BotoConfig(**config) if config else None,
     )
+
+
+def presigned_get(endpoint: str, bucket: str, key: str, principal: str = "admin") -> str:
+    """A presigned SigV4 GET of the object through `endpoint`, valid ten minutes."""
+    s3 = client_for(endpoint, principal, signature_version="s3v4")
+    return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, 600))
+
+
+@pytest.fixture
+def recorder(origin: str) -> Iterator[RecordingProxy]:
+    """A proxy in front of the origin that records what reaches it (tests/recorder.py)."""
+    with recording_proxy(origin) as proxy:
+        yield proxy
 
 
 @pytest.fixture

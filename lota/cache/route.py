@@ -178,6 +178,16 @@ async def warm_here(
     return done
 
 
+async def known_or_learnt(
+    cache: ChunkService, origin: ChunkSource, bucket: str, key: str, known: CachedObject | None
+) -> CachedObject | None:
+    """`known`, or the object's entry learnt from `origin` (one HEAD); None if refused."""
+    if known is not None:
+        return known
+    learnt = await cache.learn(origin, bucket, key)
+    return learnt if isinstance(learnt, CachedObject) else None
+
+
 def _filled(job: FillJob) -> CachedObject | None:
     """What a finished fill job filled: the object, or None if it failed or was refused."""
     outcome = job.result

@@ -22,9 +22,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from lota.cache.fill import OriginReply
 from lota.cache.layout import chunk_count, chunk_length
-from lota.cache.route import NodePlacement, OpenedChunk, Route, Warmed
+from lota.cache.route import NodePlacement, OpenedChunk, Route, Warmed, known_or_learnt
 from lota.cache.service import ChunkService
 from lota.cache.store import CachedObject
 from lota.cluster.cluster import OWNERS_ASKED, Cluster
@@ -175,12 +174,9 @@ class Clustered:
     async def warm(
         self, bucket: str, key: str, known: CachedObject | None, size: int = -1
     ) -> Warmed:
-        obj = known
+        obj = await known_or_learnt(self._cache, self.origin, bucket, key, known)
         if obj is None:
-            learnt = await self._cache.learn(self.origin, bucket, key)
-            if isinstance(learnt, OriginReply):
-                return Warmed(failed=1)
-            obj = learnt
+            return Warmed(failed=1)
         pending = list(range(chunk_count(obj.meta.size, self._cache.chunk_size)))
         done = Warmed(fetched=known is None)
         # Chunks whose owner failed them go to the next owner, down to this node last.

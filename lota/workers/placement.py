@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
-from lota.cache.fill import OriginReply
 from lota.cache.layout import chunk_count
-from lota.cache.route import Route, Warmed, warm_here
+from lota.cache.route import Route, Warmed, known_or_learnt, warm_here
 from lota.cache.service import ChunkService
 from lota.cache.source import ChunkSource
 from lota.cache.store import CachedObject
@@ -83,12 +82,9 @@ class Local:
     async def warm(
         self, bucket: str, key: str, known: CachedObject | None, size: int = -1
     ) -> Warmed:
-        obj = known
+        obj = await known_or_learnt(self.cache, self.origin, bucket, key, known)
         if obj is None:
-            learnt = await self.cache.learn(self.origin, bucket, key)
-            if isinstance(learnt, OriginReply):
-                return Warmed(failed=1)
-            obj = learnt
+            return Warmed(failed=1)
         done = await self.warm_chunks(obj, range(chunk_count(obj.meta.size, self.cache.chunk_size)))
         done.fetched = done.fetched or known is None
         return done

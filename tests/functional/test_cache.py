@@ -33,18 +33,12 @@ from lota.http import encode_query
 from lota.testing.credentials import PRINCIPALS, write_credentials
 from lota.testing.processes import LotaProcess, free_port
 from tests.conftest import client_for
-from tests.recorder import RecordingProxy, recording_proxy
+from tests.recorder import RecordingProxy
 
 MiB = 1024 * 1024
 CHUNK = 8 * MiB
 
 NodeFactory = Callable[..., LotaProcess]
-
-
-@pytest.fixture
-def recorder(origin: str) -> Iterator[RecordingProxy]:
-    with recording_proxy(origin) as proxy:
-        yield proxy
 
 
 @pytest.fixture

@@ -22,20 +22,14 @@ from lota.cluster.ownership import Ownership, chunk_key
 from lota.cluster.signing import sign
 from lota.testing.cluster import CLUSTER_SECRET, LocalCluster
 from lota.testing.credentials import PRINCIPALS
-from tests.conftest import client_for
-from tests.recorder import RecordingProxy, recording_proxy
+from tests.conftest import client_for, presigned_get
+from tests.recorder import RecordingProxy
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 CHUNK = 8 * MiB
 
 ClusterFactory = Callable[..., LocalCluster]
-
-
-@pytest.fixture
-def recorder(origin: str) -> Iterator[RecordingProxy]:
-    with recording_proxy(origin) as proxy:
-        yield proxy
 
 
 @pytest.fixture
@@ -60,11 +54,6 @@ def cluster_of(
 def _metric(node_metrics: str, name: str) -> float:
     found = re.search(rf"^{re.escape(name)} (\S+)$", node_metrics, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
-
-
-def _presigned(url: str, bucket: str, key: str) -> str:
-    s3 = client_for(url, signature_version="s3v4")
-    return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, 600))
 
 
 class Reader:
@@ -126,7 +115,7 @@ def test_24_clients_on_6_nodes_read_a_cold_gib_once_from_the_origin_and_outlive_
     cluster = cluster_of(6, cache={"size": "3GiB"})
     recorder.clear()
     path = f"/{bucket}/ckpt/model.pt"
-    urls = [_presigned(u, bucket, "ckpt/model.pt") for u in cluster.urls for _ in range(4)]
+    urls = [presigned_get(u, bucket, "ckpt/model.pt") for u in cluster.urls for _ in range(4)]
 
     cold = _read_everywhere(urls)
     assert [(r.error, r.digest) for r in cold] == [(None, expected)] * 24
@@ -185,7 +174,7 @@ def test_the_peer_endpoint_refuses_every_request_not_signed_with_the_cluster_sec
 
     wrong = sign(b"not-the-cluster-secret-at-all!!", "GET", target, "x:1", time.time(), wanted)
     stale = sign(CLUSTER_SECRET.encode(), "GET", target, "x:1", time.time() - 120, wanted)
-    presigned = _presigned(node.url, "_lota", "peer/object")  # client SigV4 credentials
+    presigned = presigned_get(node.url, "_lota", "peer/object")  # client SigV4 credentials
     client_signed = urllib.parse.urlsplit(presigned)
     assert send(target, wanted) == 403  # unsigned
     assert send(target, wrong) == 403

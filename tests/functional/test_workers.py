@@ -19,17 +19,11 @@ import pytest
 import xxhash
 
 from lota.testing.processes import LotaProcess
-from tests.conftest import client_for
-from tests.recorder import RecordingProxy, recording_proxy
+from tests.conftest import presigned_get
+from tests.recorder import RecordingProxy
 
 MiB = 1024 * 1024
 CHUNK = 8 * MiB
-
-
-@pytest.fixture
-def recorder(origin: str) -> Iterator[RecordingProxy]:
-    with recording_proxy(origin) as proxy:
-        yield proxy
 
 
 @pytest.fixture
@@ -80,11 +74,6 @@ def _read(url: str) -> tuple[str, str]:
         connection.close()
 
 
-def _presigned(node: LotaProcess, bucket: str, key: str) -> str:
-    s3 = client_for(node.url, signature_version="s3v4")
-    return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, 600))
-
-
 def test_two_workers_serve_one_cache_under_one_budget(
     node: LotaProcess, recorder: RecordingProxy, origin_s3: Any, bucket: str
 ) -> None:
@@ -92,7 +81,7 @@ def test_two_workers_serve_one_cache_under_one_budget(
     for key, blob in blobs.items():
         origin_s3.put_object(Bucket=bucket, Key=key, Body=blob)
     want = {key: xxhash.xxh3_128(blob).hexdigest() for key, blob in blobs.items()}
-    urls = {key: _presigned(node, bucket, key) for key in blobs}
+    urls = {key: presigned_get(node.url, bucket, key) for key in blobs}
     with ThreadPoolExecutor(16) as pool:  # 16 connections: both workers get some
         for _ in range(3):
             got = list(pool.map(lambda k: (k, _read(urls[k])), [*blobs] * 8))
@@ -126,7 +115,7 @@ def test_32_cold_readers_across_workers_make_one_origin_request_per_chunk(
     data = os.urandom(8 * CHUNK + 1234)
     origin_s3.put_object(Bucket=bucket, Key="ckpt", Body=data)
     want = xxhash.xxh3_128(data).hexdigest()
-    url = _presigned(node, bucket, "ckpt")
+    url = presigned_get(node.url, bucket, "ckpt")
     start = threading.Barrier(32)
 
     def read(_: int) -> str:
@@ -146,7 +135,7 @@ def test_a_worker_killed_mid_stream_fails_only_its_connections_and_comes_back(
     data = os.urandom(4 * CHUNK)
     origin_s3.put_object(Bucket=bucket, Key="big", Body=data)
     want = xxhash.xxh3_128(data).hexdigest()
-    url = _presigned(node, bucket, "big")
+    url = presigned_get(node.url, bucket, "big")
     assert _read(url)[0] == want  # cached
     workers = _workers(node)
     assert len(workers) == 2
