@@ -138,21 +138,22 @@ class Admission(Generic[K]):
             self._interval = interval if mean is None else mean + (interval - mean) / 256
 
     def read(self, fingerprint: int, size: int) -> None:
-        """A chunk that is not cached here was read (relayed from another node)."""
+        """A chunk that is not cached was read (filled, or relayed from another node)."""
         self._sketch.add(fingerprint)
         self._clock += size
 
-    def admits(self, fingerprint: int, size: int, *, full: bool) -> bool:
-        """Whether to keep a chunk being filled; this counts its read. `full`: keeping it
-        means evicting (the store is at its high watermark)."""
-        earlier = self._sketch.count(fingerprint)
-        self.read(fingerprint, size)
+    def admits(self, fingerprint: int, *, full: bool) -> bool:
+        """Whether to keep a chunk about to be filled, asked before its read is counted.
+        `full`: keeping it means evicting (the store is at its high watermark)."""
         if not full:
             return True
         victim, other = self._queues.tails()
         if victim is None or self._stale(victim) or self._stale(other):
             return True
-        if earlier >= self._sketch.count(self._fingerprint(victim)) + self._lead:
+        if (
+            self._sketch.count(fingerprint)
+            >= self._sketch.count(self._fingerprint(victim)) + self._lead
+        ):
             return True
         self._queues.spare()
         return False

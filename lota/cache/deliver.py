@@ -150,8 +150,10 @@ class Deliverer:
             fill = self.cache.filling(obj, index)
             if fill is None:
                 route = placement.route(obj, index, last_chunk)
-                if not route.keep:
-                    break  # another node's chunk: relayed, not kept
+                if not (route.keep and self.cache.keeps(obj, index)):
+                    # Another node's chunk, or one the admission rule does not keep: relayed.
+                    self.cache.count_read(obj, index)
+                    break
                 self.cache.fill(route.source, obj.meta.bucket, obj.meta.key, index, route.last, obj)
                 fill = self.cache.filling(obj, index)
             elif not self.cache.coming_soon(fill):

@@ -115,6 +115,11 @@ class CacheFull(LotaError):
     """A fill stopped because the store could not take its next chunk."""
 
 
+class ChunkDeclined(CacheFull):
+    """A fill stopped because the store's admission rule does not keep its next chunk
+    (counted as a declined fill, not a bypassed one): its readers fetch it from the source."""
+
+
 class ChunkFill:
     """One chunk on its way into the store; readers follow ``written`` as it grows."""
 
@@ -301,7 +306,7 @@ class Filler:
         except asyncio.CancelledError:
             self._fail(job, OriginError("fill cancelled"))
             raise
-        except CacheFull as exc:  # counted (lota_cache_bypassed_fills); a full disk is no news
+        except CacheFull as exc:  # counted (bypassed or declined fills): no news
             self._fail(job, exc)
         except (LotaError, OSError, TimeoutError) as exc:
             log.warning("fill of %s/%s failed: %r", job.bucket, job.key, exc)
@@ -369,6 +374,11 @@ class Filler:
                 await self._fill_chunk(response, obj, fill)
 
     async def _fill_chunk(self, response: SourceReply, obj: CachedObject, fill: ChunkFill) -> None:
+        if not self.store.has_chunk(obj, fill.index) and not self.store.admit_chunk(
+            obj, fill.index
+        ):
+            self._done(obj, fill, ok=False)
+            raise ChunkDeclined(f"the cache does not keep chunk {fill.index} of {obj!r}")
         writer = await self.store.begin_chunk(obj, fill.index)
         if writer is None:
             # Either another fill committed this chunk a moment ago (its readers will find

@@ -54,8 +54,11 @@ class SimulatedCache:
             self.hits += 1
             return True
         full = self.used + size > self.high
-        if self._admission is not None and not self._admission.admits(chunk, size, full=full):
-            return False
+        if self._admission is not None:
+            kept = self._admission.admits(chunk, full=full)
+            self._admission.read(chunk, size)
+            if not kept:
+                return False
         while full and self.used + size > self.low:
             victim = self._queues.evict()
             if victim is None:

@@ -42,7 +42,7 @@ def reread() -> tuple[S3FIFO[int], Admission[int]]:
 
 def test_below_the_high_watermark_every_fill_is_kept() -> None:
     _, rule = reread()
-    assert rule.admits(100, 1, full=False)
+    assert rule.admits(100, full=False)
 
 
 def test_a_chunk_read_as_often_as_the_victim_is_refused_and_the_tails_get_another_turn() -> None:
@@ -50,7 +50,7 @@ def test_a_chunk_read_as_often_as_the_victim_is_refused_and_the_tails_get_anothe
     rule.read(100, 1)
     rule.read(100, 1)
     assert queues.tails() == (0, None)
-    assert not rule.admits(100, 1, full=True)  # two reads before this one, as the victim
+    assert not rule.admits(100, full=True)  # two reads, as the victim
     assert queues.tails() == (1, None)
 
 
@@ -58,17 +58,19 @@ def test_a_chunk_with_three_reads_more_than_the_victim_is_kept() -> None:
     _, rule = reread()
     for _ in range(4):
         rule.read(100, 1)
-    assert not rule.admits(100, 1, full=True)  # four reads before this one, the victim two
-    assert rule.admits(100, 1, full=True)  # five
+    assert not rule.admits(100, full=True)  # four reads, the victim two
+    rule.read(100, 1)
+    assert rule.admits(100, full=True)
 
 
-def test_a_victim_unread_for_twice_the_mean_reread_interval_is_stale() -> None:
-    _, rule = reread()
-    for chunk in range(1, 8):
-        rule.hit(chunk, 1)
-    assert not rule.admits(100, 1, full=True)  # 0 was read 8 bytes ago: not stale
-    rule.read(200, 8)
-    assert rule.admits(101, 1, full=True)  # 17 bytes ago, more than twice 8
+@pytest.mark.parametrize(("since", "stale"), [(16, False), (17, True)])
+def test_a_victim_unread_for_twice_the_mean_reread_interval_is_stale(
+    since: int, stale: bool
+) -> None:
+    queues, rule = reread()
+    rule.read(200, since - 7)  # 0 was last read 7 bytes before the end of reread()
+    assert queues.tails() == (0, None)
+    assert rule.admits(100, full=True) is stale
 
 
 # -- simulations: the store's decisions, LOTA's own policy classes, fixed seeds -----------
