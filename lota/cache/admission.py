@@ -23,14 +23,16 @@ high watermark; below it every fill is kept), the chunk must earn its place:
   a chunk kept when the cache is full evicts a batch (down to the low watermark), so one
   false win costs a twentieth of the cache.
 - **Or the victim is stale**: not read for twice the mean interval between two reads of
-  a cached chunk (measured in bytes read through the cache, so that idle hours age
-  nothing). Without this, a finished dataset's chunks, counted often and then never read
-  again, would keep the next dataset out until their counts decayed. Until a cached chunk
-  has been read twice there is no interval to measure and frequency alone decides (a
-  cache that churned from the start would measure the short intervals of its churn and
-  keep churning). Each refusal moves the oldest chunk of both S3-FIFO queues to their
-  heads, counts unchanged (the second chance S3-FIFO's main queue gives a read chunk), so
-  the rule looks at every cached chunk in turn and finds the stale ones wherever they are.
+  a cached chunk. The interval is measured in bytes read through the cache, so that idle
+  hours age nothing, and each cached chunk weighs the same in the mean however often it
+  is read, so that a few small files read all the time do not make a dataset's chunks
+  look stale. Without this, a finished dataset's chunks, counted often and then never
+  read again, would keep the next dataset out until their counts decayed. Until a cached
+  chunk has been read twice there is no interval, and frequency alone decides (a cache
+  that churned from the start would measure the short intervals of its churn and keep
+  churning). Each refusal moves the oldest chunk of both S3-FIFO queues to their heads,
+  counts unchanged (the second chance S3-FIFO's main queue gives a read chunk), so the
+  rule looks at every cached chunk in turn and finds the stale ones wherever they are.
 
 Why not a hash threshold (keep the chunks whose hash falls below a level set from the
 budget and the dataset's size): the level needs the dataset's size, which shows only in
@@ -123,8 +125,9 @@ class Admission(Generic[K]):
         self._clock = 0
         """Bytes read through the cache so far: the time chunks age in."""
         self._read_at: dict[K, int] = {}
-        self._interval: float | None = None
-        """Mean bytes read between two reads of a cached chunk; None until one is re-read."""
+        # Moving means of the intervals between two reads of a cached chunk, and of their
+        # squares; None until a chunk is read again.
+        self._intervals: tuple[float, float] | None = None
 
     def hit(self, key: K, size: int) -> None:
         """A cached chunk of `size` bytes was read."""
@@ -133,9 +136,19 @@ class Admission(Generic[K]):
         last = self._read_at.get(key)
         self._read_at[key] = self._clock
         if last is not None:
-            interval = self._clock - last
-            mean = self._interval
-            self._interval = interval if mean is None else mean + (interval - mean) / 256
+            self._reread(self._clock - last)
+
+    def _reread(self, interval: int) -> None:
+        """Learn one interval. A chunk read n times as often gives n times as many, each
+        1/n as long: weighting each by its length makes every cached chunk weigh the same."""
+        if self._intervals is None:
+            self._intervals = (float(interval), float(interval) ** 2)
+            return
+        mean, square = self._intervals
+        self._intervals = (
+            mean + (interval - mean) / 256,
+            square + (interval**2 - square) / 256,
+        )
 
     def read(self, fingerprint: int, size: int) -> None:
         """A chunk that is not cached was read (filled, or relayed from another node)."""
@@ -169,7 +182,8 @@ class Admission(Generic[K]):
         self._read_at.pop(key, None)
 
     def _stale(self, key: K | None) -> bool:
-        if key is None or self._interval is None:
+        if key is None or self._intervals is None:
             return False
+        mean, square = self._intervals
         age = self._clock - self._read_at.get(key, 0)
-        return age > self._stale_after * self._interval
+        return age * mean > self._stale_after * square

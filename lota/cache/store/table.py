@@ -202,7 +202,7 @@ class ChunkTable:
                 self.pinned_bytes -= blocks(chunk.length)
             else:
                 self._policy.remove(chunk)
-                self._admission.removed(chunk)
+            self._admission.removed(chunk)
         paths = [self.path(c) for c in chunks]
         return self._io.background(self._files.unlink, paths, then=partial(self._retired, chunks))
 
