@@ -13,6 +13,8 @@ with the store's watermarks, chunks of one size, fixed seeds (the same figures e
   cache), for a few skews (alpha) and budgets of 1% and 10% of the chunks.
 - Switch: a dataset read for 3 epochs, then another of the same size: the hit rate of each
   epoch of the second, with half of it cached (how soon a finished dataset makes way).
+- Mixed: epochs with half the dataset cached, and 50 small files read as often as the
+  dataset, in turns: the hit rates of the dataset (epochs 2..) and of the small files.
 """
 
 from __future__ import annotations
@@ -68,6 +70,20 @@ def switch_table(chunks: int, watermarks: tuple[float, float]) -> None:
         print(f"{policy:>10} " + " ".join(f"{h / chunks:>6.3f}" for h in hits), flush=True)
 
 
+def mixed_table(chunks: int, count: int, watermarks: tuple[float, float]) -> None:
+    print(f"\nMixed: {count} epochs over {chunks} chunks, half cached, and 50 small files")
+    print(f"{'policy':>10} {'dataset':>8} {'files':>8}")
+    for policy in POLICIES:
+        cache = SimulatedCache(chunks // 2, policy, *watermarks)
+        dataset = files = reads = 0
+        for n, (epoch, chunk) in enumerate(epochs(chunks, count)):
+            hit = cache.read(chunk)
+            hot = cache.read(10 * chunks + n * 7 % 50)
+            if epoch > 0:
+                dataset, files, reads = dataset + hit, files + hot, reads + 1
+        print(f"{policy:>10} {dataset / reads:>8.3f} {files / reads:>8.3f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--chunks", type=int, default=20_000)
@@ -80,6 +96,7 @@ def main() -> None:
     epoch_table(args.chunks, args.epochs, (high, low))
     zipf_table(args.zipf_chunks, args.zipf_reads, (high, low))
     switch_table(args.chunks, (high, low))
+    mixed_table(args.chunks, args.epochs, (high, low))
 
 
 if __name__ == "__main__":

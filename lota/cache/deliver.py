@@ -2,11 +2,12 @@
 
 Each chunk comes from the first place that has it: the cache (sent zero-copy with
 ``sendfile`` for large pieces), a fill in progress (followed as it grows), a new fill
-from the chunk's source when the :class:`~lota.cache.route.Placement` says to keep it,
-or else straight from that source (another node of the cluster, or the origin when the
-cache cannot hold it). A relayed source that breaks off mid-chunk is resumed where it
-stopped from the next one. Whatever happens, the client gets the right bytes or, once
-headers are out, a cut connection; never wrong or missing bytes.
+from the chunk's source when the :class:`~lota.cache.route.Placement` says to keep it
+and the store's admission rule agrees, or else straight from that source (another node
+of the cluster, or the origin when the cache cannot hold or does not keep it). A relayed
+source that breaks off mid-chunk is resumed where it stopped from the next one. Whatever
+happens, the client gets the right bytes or, once headers are out, a cut connection;
+never wrong or missing bytes.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ from the chunk's file as they land, without waiting for the chunk or the object 
 finish. Jobs run as tasks owned by the :class:`Filler`, not by the request that started
 them: a client that goes away does not stop a fill others are waiting for.
 
-When a chunk cannot be stored (no room, disk error), its fill is marked failed and its
-readers fetch the bytes they still need straight from the source: the client never sees
-an error because of the cache.
+When a chunk cannot be stored (no room, disk error) or is not kept (the admission rule,
+:mod:`lota.cache.admission`), its fill is marked failed, the job stops, and its readers
+fetch the bytes they still need straight from the source: the client never sees an
+error because of the cache.
 
 A job for an object not known yet may ask for a suffix (the last bytes of an object of
 unknown size, see :func:`lota.cache.plan.cold_fetch`): its first chunk is then the first
