@@ -111,7 +111,9 @@ class Admission(Generic[K]):
     Keys are cached chunks; a chunk is counted by ``fingerprint(key)``, an int naming the
     chunk's contents (a chunk filled again after its eviction is a new key with the same
     fingerprint). `entries` is how many chunks the cache is expected to hold: the sketch
-    has 16 counters per entry and halves them every 4 entries' worth of reads.
+    has 16 counters per entry and halves them every 4 entries' worth of reads (it grows
+    with the cache). `lead`: how many reads more than the victim a chunk needs;
+    `stale_after`: a victim unread for this many mean re-read intervals is stale.
     """
 
     def __init__(

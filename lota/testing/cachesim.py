@@ -25,7 +25,7 @@ POLICIES: tuple[Policy, ...] = ("lru", "s3fifo", "admission")
 
 
 class SimulatedCache:
-    """Chunks (ints) of `size` bytes each under a byte `budget`."""
+    """Chunks (ints) of one size under a budget of `budget` chunks."""
 
     def __init__(
         self,
@@ -36,51 +36,51 @@ class SimulatedCache:
     ) -> None:
         self.high = int(budget * high_watermark)
         self.low = int(budget * low_watermark)
-        self.used = 0
         self.hits = self.reads = 0
-        self._lru: OrderedDict[int, int] | None = OrderedDict() if policy == "lru" else None
+        self._lru: OrderedDict[int, None] | None = OrderedDict() if policy == "lru" else None
         self._queues: S3FIFO[int] = S3FIFO()
         self._admission = Admission(self._queues, int, budget) if policy == "admission" else None
 
-    def read(self, chunk: int, size: int = 1) -> bool:
+    def read(self, chunk: int) -> bool:
         """Read `chunk`; whether it was a hit."""
         self.reads += 1
         if self._lru is not None:
-            return self._read_lru(self._lru, chunk, size)
-        if chunk in self._queues:
+            hit = self._read_lru(self._lru, chunk)
+        elif chunk in self._queues:
             self._queues.access(chunk)
             if self._admission is not None:
-                self._admission.hit(chunk, size)
-            self.hits += 1
-            return True
-        full = self.used + size > self.high
+                self._admission.hit(chunk, 1)
+            hit = True
+        else:
+            self._fill(chunk)
+            hit = False
+        self.hits += hit
+        return hit
+
+    def _fill(self, chunk: int) -> None:
+        full = len(self._queues) + 1 > self.high
         if self._admission is not None:
             kept = self._admission.admits(chunk, full=full)
-            self._admission.read(chunk, size)
+            self._admission.read(chunk, 1)
             if not kept:
-                return False
-        while full and self.used + size > self.low:
+                return
+        while full and len(self._queues) + 1 > self.low:
             victim = self._queues.evict()
             if victim is None:
-                return False
-            self.used -= size
+                return
             if self._admission is not None:
                 self._admission.removed(victim)
-        self._queues.insert(chunk, size)
-        self.used += size
+        self._queues.insert(chunk, 1)
         if self._admission is not None:
             self._admission.added(chunk)
-        return False
 
-    def _read_lru(self, lru: OrderedDict[int, int], chunk: int, size: int) -> bool:
+    def _read_lru(self, lru: OrderedDict[int, None], chunk: int) -> bool:
         if chunk in lru:
             lru.move_to_end(chunk)
-            self.hits += 1
             return True
-        while lru and self.used + size > self.high:
-            self.used -= lru.popitem(last=False)[1]
-        lru[chunk] = size
-        self.used += size
+        while lru and len(lru) + 1 > self.high:
+            lru.popitem(last=False)
+        lru[chunk] = None
         return False
 
 
