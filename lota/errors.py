@@ -29,6 +29,7 @@
     │   ├── CacheDirInUse           another process holds a cache directory's lock
     │   └── CacheWriteError         a chunk could not be written; its writer is aborted
     ├── CacheFull                   lota.cache.fill: a fill stopped, the store took no more
+    │   └── ChunkDeclined           the admission rule does not keep its next chunk
     ├── ChunkDamaged                lota.cache.files: a chunk file is short or fails its digest
     ├── DirLocked                   lota.cache.files: a cache directory's lock is held
     ├── ChunkUnreadable             lota.cache.deliver: a cached chunk failed mid-send (also

@@ -403,6 +403,8 @@ class _StoreCollector(Collector):
     }
     _COUNTERS = {
         "evictions": "Chunks evicted to stay under the budget",
+        "declined_fills": "Chunks read from their source that the admission rule did not "
+        "keep (the cache is full of chunks read as often): served, not stored",
         "corrupt": "Chunks that failed digest verification and were dropped",
         "write_errors": "Cache writes that failed (the drive is then rested for a while)",
         "disk_full": "Cache writes that found their file system full (ENOSPC): that "

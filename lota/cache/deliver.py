@@ -2,11 +2,12 @@
 
 Each chunk comes from the first place that has it: the cache (sent zero-copy with
 ``sendfile`` for large pieces), a fill in progress (followed as it grows), a new fill
-from the chunk's source when the :class:`~lota.cache.route.Placement` says to keep it,
-or else straight from that source (another node of the cluster, or the origin when the
-cache cannot hold it). A relayed source that breaks off mid-chunk is resumed where it
-stopped from the next one. Whatever happens, the client gets the right bytes or, once
-headers are out, a cut connection; never wrong or missing bytes.
+from the chunk's source when the :class:`~lota.cache.route.Placement` says to keep it
+and the store's admission rule agrees, or else straight from that source (another node
+of the cluster, or the origin when the cache cannot hold or does not keep it). A relayed
+source that breaks off mid-chunk is resumed where it stopped from the next one. Whatever
+happens, the client gets the right bytes or, once headers are out, a cut connection;
+never wrong or missing bytes.
 """
 
 from __future__ import annotations
@@ -200,8 +201,10 @@ class Deliverer:
                     self._sent.labels("hit").inc(hi - lo)
                     return
                 route = placement.route(obj, index, last_chunk)
-                if not route.keep:
-                    break  # another node's chunk: relayed, not kept
+                if not (route.keep and self.cache.keeps(obj, index)):
+                    # Another node's chunk, or one the admission rule does not keep: relayed.
+                    self.cache.count_read(obj, index)
+                    break
                 self.cache.fill(route.source, obj.meta.bucket, obj.meta.key, index, route.last, obj)
                 fill = self.cache.filling(obj, index)
             elif not self.cache.coming_soon(fill):

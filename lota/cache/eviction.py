@@ -88,6 +88,22 @@ class S3FIFO(Generic[K]):
             return "main"
         return "ghost" if self._fingerprint(key) in self._ghost else None
 
+    def tails(self) -> tuple[K | None, K | None]:
+        """The oldest key of the queue :meth:`evict` takes from next, and of the other one."""
+        small = next(iter(self._small), None)
+        main = next(iter(self._main), None)
+        if small is not None and (main is None or self._small_heavy()):
+            return small, main
+        return main, small
+
+    def spare(self) -> None:
+        """Move the oldest key of each queue to its head, its frequency unchanged: they were
+        looked at and kept (the admission rule, :mod:`lota.cache.admission`, does this on
+        each refusal so that it looks at every key in turn)."""
+        for queue in (self._small, self._main):
+            if queue:
+                queue.move_to_end(next(iter(queue)))
+
     def insert(self, key: K, size: int, *, established: bool = False) -> None:
         """Admit `key`. `established` chunks (reloaded after a restart) skip probation."""
         if key in self._freq:

@@ -9,9 +9,10 @@ from the chunk's file as they land, without waiting for the chunk or the object 
 finish. Jobs run as tasks owned by the :class:`Filler`, not by the request that started
 them: a client that goes away does not stop a fill others are waiting for.
 
-When a chunk cannot be stored (no room, disk error), its fill is marked failed and its
-readers fetch the bytes they still need straight from the source: the client never sees
-an error because of the cache.
+When a chunk cannot be stored (no room, disk error) or is not kept (the admission rule,
+:mod:`lota.cache.admission`), its fill is marked failed, the job stops, and its readers
+fetch the bytes they still need straight from the source: the client never sees an
+error because of the cache.
 
 A job for an object not known yet may ask for a suffix (the last bytes of an object of
 unknown size, see :func:`lota.cache.plan.cold_fetch`): its first chunk is then the first
@@ -113,6 +114,11 @@ def _total_size(headers: Mapping[str, str]) -> int:
 
 class CacheFull(LotaError):
     """A fill stopped because the store could not take its next chunk."""
+
+
+class ChunkDeclined(CacheFull):
+    """A fill stopped because the store's admission rule does not keep its next chunk
+    (counted as a declined fill, not a bypassed one): its readers fetch it from the source."""
 
 
 class ChunkFill:
@@ -348,7 +354,7 @@ class Filler:
         except asyncio.CancelledError:
             self._fail(job, OriginError("fill cancelled"))
             raise
-        except CacheFull as exc:  # counted (lota_cache_bypassed_fills); a full disk is no news
+        except CacheFull as exc:  # counted (bypassed or declined fills): no news
             self._fail(job, exc)
         except (LotaError, OSError, TimeoutError) as exc:
             log.warning("fill of %s/%s failed: %r", job.bucket, job.key, exc)
@@ -416,6 +422,11 @@ class Filler:
                 await self._fill_chunk(response, obj, fill)
 
     async def _fill_chunk(self, response: SourceReply, obj: CachedObject, fill: ChunkFill) -> None:
+        if not self.store.has_chunk(obj, fill.index) and not self.store.admit_chunk(
+            obj, fill.index
+        ):
+            self._done(obj, fill, ok=False)
+            raise ChunkDeclined(f"the cache does not keep chunk {fill.index} of {obj!r}")
         writer = await self.store.begin_chunk(obj, fill.index)
         if writer is None:
             # Either another fill committed this chunk a moment ago (its readers will find

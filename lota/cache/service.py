@@ -63,6 +63,16 @@ class ChunkService:
         """Bytes of a chunk already open and in the page cache, read without a thread."""
         return self._store.read_hot(obj, index, offset, count)
 
+    def keeps(self, obj: CachedObject, index: int) -> bool:
+        """Whether a fill of this chunk would be kept now (the admission rule); if not
+        (counted as a declined fill), read it from its source and :meth:`count_read` it."""
+        return self._store.keeps(obj, index)
+
+    def count_read(self, obj: CachedObject, index: int) -> None:
+        """A read of a chunk this cache does not hold, served from elsewhere: it counts for
+        the admission rule (a chunk read often here gets in)."""
+        self._store.count_read(obj, index)
+
     def release(self, obj: CachedObject, index: int) -> None:
         """Drop a chunk kept here as a copy of another node's (its share is full)."""
         self._store.release(obj, index)

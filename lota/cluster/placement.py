@@ -60,6 +60,8 @@ class HotCopies:
         chunk: ChunkId = (m.bucket, m.key, m.etag, index)
         if not self.hot.read(chunk, time.monotonic()) or chunk in self.copies:
             return False
+        if not self._cache.keeps(obj, index):
+            return False  # the cache is full of chunks read as often here (the admission rule)
         released = self.copies.add(chunk, chunk_length(m.size, self._cache.chunk_size, index))
         if released is None:
             return False

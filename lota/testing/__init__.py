@@ -1,5 +1,7 @@
 """Harness for tests, benchmarks and the demo; nothing here runs when LOTA serves real traffic.
 
+- :mod:`lota.testing.cachesim`: the cache store's keep-and-evict decisions, simulated with
+  its own policy classes (the admission unit tests and ``bench.admission``).
 - :mod:`lota.testing.credentials`: the fixed test principals (keys, secrets, policies) and
   a credentials file made from them.
 - :mod:`lota.testing.processes`: ``lota serve`` as a subprocess (:class:`LotaProcess`), the

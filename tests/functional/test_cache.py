@@ -9,6 +9,7 @@ import http.client
 import io
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -605,14 +606,50 @@ def test_after_kill_9_during_fills_hits_resume_and_no_wrong_byte_is_served(
 def test_writing_past_the_budget_evicts_and_stays_under_it(
     node_factory: NodeFactory, origin_s3: Any, bucket: str, tmp_path: Path
 ) -> None:
+    """Each object is read again once cached: objects read once each would not be kept
+    once the cache is full (the admission rule keeps what it holds), and nothing evicted."""
     node = node_factory(size="64MiB")
     s3 = client_for(node.url)
     for i in range(24):
         data = _put(origin_s3, bucket, f"k{i}", CHUNK)
         assert _get(s3, bucket, f"k{i}")[0] == data
+        assert _hit(s3, bucket, f"k{i}") == (data, "HIT")
         assert _du(tmp_path / "cache") <= 64 * MiB * 1.05
     assert "lota_cache_evictions_total 0.0" not in node.metrics()
     assert _hit(s3, bucket, "k23")[1] == "HIT"
+
+
+def test_epochs_over_a_dataset_larger_than_the_cache_keep_a_stable_subset_resident(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    """40 objects of one 4 MiB chunk, a 96 MiB budget, read whole 4 times in a new order
+    each time: the chunks cached in the first epoch stay (nothing is evicted), every later
+    epoch hits them all and relays the rest (declined fills), and every read is right."""
+    node = node_factory(size="96MiB", chunk_size="4MiB")
+    s3 = client_for(node.url)
+    blobs = {f"e{i:02d}": _put(origin_s3, bucket, f"e{i:02d}", 4 * MiB) for i in range(40)}
+    order = random.Random(7)
+    keys = list(blobs)
+    hit: list[set[str]] = []
+    gets: list[int] = []
+    for _ in range(4):
+        order.shuffle(keys)
+        hit.append(set())
+        before = len(recorder.requests("GET"))
+        for key in keys:
+            body, source = _get(s3, bucket, key)
+            assert body == blobs[key]
+            if source == "HIT":
+                hit[-1].add(key)
+        gets.append(len(recorder.requests("GET")) - before)
+    metrics = node.metrics()
+    resident = int(_metric(metrics, "lota_cache_chunks"))
+    assert 12 <= resident <= 23, metrics  # about half of the dataset
+    assert hit[0] == set() and hit[1] == hit[2] == hit[3] and len(hit[3]) == resident
+    assert _metric(metrics, "lota_cache_evictions_total") == 0
+    assert _metric(metrics, "lota_cache_declined_fills_total") >= 3 * (40 - resident)
+    # Each declined chunk of an object the node knows is one origin GET, relayed.
+    assert gets[1:] == [40 - resident] * 3
 
 
 @pytest.fixture

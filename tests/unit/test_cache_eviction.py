@@ -95,6 +95,20 @@ def test_busy_items_are_never_chosen() -> None:
     assert len(policy) == 3
 
 
+def test_tails_name_the_next_victim_first_and_spare_gives_both_another_turn() -> None:
+    policy: S3FIFO[str] = S3FIFO()
+    assert policy.tails() == (None, None)
+    for key in ("m1", "m2"):
+        policy.insert(key, 10, established=True)
+    policy.insert("s1", 1)
+    policy.insert("s2", 1)
+    assert policy.tails() == ("m1", "s1")  # small holds less than 10%: main goes first
+    policy.spare()
+    assert policy.tails() == ("m2", "s2")
+    assert policy.evict() == "m2"
+    assert policy.bytes == 12
+
+
 def test_remove_forgets_without_ghost() -> None:
     policy: S3FIFO[str] = S3FIFO()
     policy.insert("a", 7)

@@ -4,7 +4,8 @@ Use it as lookup -> admit -> open_chunk (hit) or begin_chunk/write/commit (fill)
 
     obj = store.lookup(bucket, key) or await store.admit(meta)
     reader = await store.open_chunk(obj, i)          # None: not cached (or damaged)
-    writer = await store.begin_chunk(obj, i)         # None: no room, no disk -> pass through
+    if store.admit_chunk(obj, i):                    # False: not kept -> pass through
+        writer = await store.begin_chunk(obj, i)     # None: no room, no disk -> pass through
 
 What it guarantees, and how:
 
@@ -23,7 +24,10 @@ What it guarantees, and how:
 - Budget. ``usage`` counts chunk files (in 4 KiB blocks), the chunk directories, the
   SQLite files and the full size of every fill in progress (reserved at begin_chunk).
   Reaching the high watermark evicts (S3-FIFO, :mod:`lota.cache.eviction`) down to the low
-  one; the budget itself is never exceeded: without room, begin_chunk returns None.
+  one; the budget itself is never exceeded: without room, begin_chunk returns None. At
+  the high watermark, a fill is kept only if the admission rule says so (a chunk read
+  more than the one it would evict, or an evictee gone stale: :mod:`lota.cache.admission`),
+  so a dataset larger than the cache read epoch after epoch keeps a stable share cached.
 - Drives smaller than the budget. A fill that hits ENOSPC is aborted (its temp file and
   reservation released at once) and sets that dir's own budget to what LOTA holds there,
   less a margin; the budget in force is then the smaller of ``size`` and the sum of the

@@ -96,10 +96,17 @@ class Chunk:
         self.last_access = 0.0
 
 
+def chunk_id(obj: CachedObject, index: int) -> int:
+    """The name of chunk `index` of `obj`'s version, the same across admissions of the
+    object (each gets a new stem): for the eviction ghost and the admission rule's read
+    counts, which must recognise a chunk filled again after its eviction, or read again
+    after its object's entry was dropped."""
+    m = obj.meta
+    return hash((m.bucket, m.key, m.etag, index))
+
+
 def fingerprint(chunk: Chunk) -> int:
-    """The chunk's name, for the eviction ghost: a chunk filled again after its eviction is
-    a new Chunk, but the same name."""
-    return hash(chunk.obj.stem) ^ chunk.index
+    return chunk_id(chunk.obj, chunk.index)
 
 
 def object_row(obj: CachedObject) -> ObjectRow:

@@ -50,6 +50,7 @@ COUNTERS = (
     "write_errors",
     "disk_full",
     "bypassed_writes",
+    "declined_fills",
     "discarded_commits",
     "verified",
     "scrubbed",
@@ -346,6 +347,28 @@ class CacheStore:
             self._counts["misses"] += 1
             return None
         return await self._readers.open(chunk)
+
+    def keeps(self, obj: CachedObject, index: int) -> bool:
+        """Whether a fill of chunk `index` of `obj` would be kept now. When keeping it
+        means evicting, the admission rule decides (:mod:`lota.cache.admission`): a chunk
+        read no more than the one it would evict is not kept, and the caller serves it
+        from its source (counted as a declined fill)."""
+        if self._table.keeps(obj, index):
+            return True
+        self._counts["declined_fills"] += 1
+        return False
+
+    def admit_chunk(self, obj: CachedObject, index: int) -> bool:
+        """:meth:`keeps`, for a chunk about to be filled (ask before :meth:`begin_chunk`),
+        and count its read."""
+        kept = self.keeps(obj, index)
+        self._table.count_read(obj, index)
+        return kept
+
+    def count_read(self, obj: CachedObject, index: int) -> None:
+        """Count a read of chunk `index` of `obj` served without this store (relayed from
+        another node, or from the source after :meth:`keeps` said no)."""
+        self._table.count_read(obj, index)
 
     async def begin_chunk(self, obj: CachedObject, index: int) -> ChunkWriter | None:
         """Start filling chunk `index` of `obj`. None when the chunk is cached or being

@@ -18,12 +18,20 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
+from lota.cache.admission import Admission
 from lota.cache.eviction import S3FIFO
 from lota.cache.files import ChunkFiles
 from lota.cache.index import ChunkRow, Index, ObjectRow
-from lota.cache.layout import STEM, blocks, chunk_path
+from lota.cache.layout import STEM, blocks, chunk_length, chunk_path
 from lota.cache.store.budget import Budget
-from lota.cache.store.entries import CachedObject, Chunk, ObjectMeta, fingerprint, meta_from_row
+from lota.cache.store.entries import (
+    CachedObject,
+    Chunk,
+    ObjectMeta,
+    chunk_id,
+    fingerprint,
+    meta_from_row,
+)
 from lota.cache.store.fdcache import FdCache
 from lota.cache.store.pool import IOPool
 
@@ -63,6 +71,7 @@ class ChunkTable:
         self._stems: dict[str, CachedObject] = {}
         self._bare: OrderedDict[str, CachedObject] = OrderedDict()
         self._policy: S3FIFO[Chunk] = S3FIFO(fingerprint=fingerprint)
+        self._admission = Admission(self._policy, fingerprint, budget.size // chunk_size)
         self._evict_lock = asyncio.Lock()
         self.chunks = 0
         """How many chunks are live."""
@@ -138,11 +147,28 @@ class ChunkTable:
             self.pinned_bytes += size
         else:
             self._policy.insert(chunk, size)
+            self._admission.added(chunk)
         self._bare.pop(obj.stem, None)
         self._index.put_chunk(obj.stem, chunk.index, chunk.dir, chunk.length, chunk.digest)
 
     def touch(self, chunk: Chunk) -> None:
         self._policy.access(chunk)
+        self._admission.hit(chunk, chunk.length)
+
+    def keeps(self, obj: CachedObject, index: int) -> bool:
+        """Whether a fill of chunk `index` of `obj` would be kept now: the admission rule
+        (:mod:`lota.cache.admission`) decides when keeping it means evicting. Counts nothing."""
+        if obj.pinned:
+            return True
+        need = blocks(chunk_length(obj.meta.size, self._chunk_size, index))
+        full = self._budget.usage + need > self._budget.high
+        return self._admission.admits(chunk_id(obj, index), full=full)
+
+    def count_read(self, obj: CachedObject, index: int) -> None:
+        """Count a read of chunk `index` of `obj` that no cached copy served (the admission
+        rule's counts)."""
+        length = chunk_length(obj.meta.size, self._chunk_size, index)
+        self._admission.read(chunk_id(obj, index), length)
 
     def drop(self, chunk: Chunk, reason: str) -> None:
         """Delete one chunk (damaged, missing, unreadable); its object stays, maybe bare."""
@@ -176,6 +202,7 @@ class ChunkTable:
                 self.pinned_bytes -= blocks(chunk.length)
             else:
                 self._policy.remove(chunk)
+            self._admission.removed(chunk)
         paths = [self.path(c) for c in chunks]
         return self._io.background(self._files.unlink, paths, then=partial(self._retired, chunks))
 

@@ -1,0 +1,130 @@
+"""The admission rule in front of S3-FIFO: its sketch, its decisions, and deterministic
+simulations of the store's decisions (lota.testing.cachesim) under epochs and Zipf."""
+
+from __future__ import annotations
+
+import pytest
+
+from lota.cache.admission import Admission, FrequencySketch
+from lota.cache.eviction import S3FIFO
+from lota.testing.cachesim import (
+    SimulatedCache,
+    epoch_hit_rate,
+    epochs,
+    zipf_hit_rate,
+)
+
+
+def test_the_sketch_never_undercounts_and_halves_every_period() -> None:
+    sketch = FrequencySketch(width=1024, period=100)
+    for n in range(1, 6):
+        for _ in range(n):
+            sketch.add(n)
+    assert [sketch.count(n) for n in range(1, 6)] >= [1, 2, 3, 4, 5]
+    assert sketch.count(999) <= 1
+    for _ in range(100 - 15):
+        sketch.add(12345)
+    assert sketch.count(12345) == 15 // 2  # 85 reads, counted up to 15, then halved
+    assert sketch.count(5) == 5 // 2
+
+
+def reread() -> tuple[S3FIFO[int], Admission[int]]:
+    """Chunks 0..7 of one byte each, cached (as after a restart: no reads known) and read
+    twice in order: every one has a count of 2, the mean re-read interval is 8 bytes."""
+    queues: S3FIFO[int] = S3FIFO()
+    rule = Admission(queues, int, entries=8)
+    for chunk in range(8):
+        queues.insert(chunk, 1)
+    for chunk in [*range(8), *range(8)]:
+        rule.hit(chunk, 1)
+    return queues, rule
+
+
+def test_below_the_high_watermark_every_fill_is_kept() -> None:
+    _, rule = reread()
+    assert rule.admits(100, full=False)
+
+
+def test_a_chunk_read_as_often_as_the_victim_is_refused_and_the_tails_get_another_turn() -> None:
+    queues, rule = reread()
+    rule.read(100, 1)
+    rule.read(100, 1)
+    assert queues.tails() == (0, None)
+    assert not rule.admits(100, full=True)  # two reads, as the victim
+    assert queues.tails() == (1, None)
+
+
+def test_a_chunk_with_three_reads_more_than_the_victim_is_kept() -> None:
+    _, rule = reread()
+    for _ in range(4):
+        rule.read(100, 1)
+    assert not rule.admits(100, full=True)  # four reads, the victim two
+    rule.read(100, 1)
+    assert rule.admits(100, full=True)
+
+
+@pytest.mark.parametrize(("since", "stale"), [(16, False), (17, True)])
+def test_a_victim_unread_for_twice_the_mean_reread_interval_is_stale(
+    since: int, stale: bool
+) -> None:
+    queues, rule = reread()
+    rule.read(200, since - 7)  # 0 was last read 7 bytes before the end of reread()
+    assert queues.tails() == (0, None)
+    assert rule.admits(100, full=True) is stale
+
+
+# -- simulations: the store's decisions, LOTA's own policy classes, fixed seeds -----------
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3, 0.5, 0.7, 0.9])
+def test_epochs_over_a_dataset_larger_than_the_cache_hit_the_cache_fraction(
+    fraction: float,
+) -> None:
+    """5 epochs over 5,000 chunks, each in a new order; hit rate from the second on."""
+    assert epoch_hit_rate("admission", 5000, fraction) > 0.9 * fraction
+
+
+def test_epochs_churn_s3fifo_without_admission() -> None:
+    """The scenario above is not one plain S3-FIFO passes."""
+    assert epoch_hit_rate("s3fifo", 5000, 0.5) < 0.3
+
+
+@pytest.mark.parametrize("alpha", [0.8, 1.0, 1.2])
+def test_zipf_hit_rate_stays_within_a_point_of_s3fifo(alpha: float) -> None:
+    args = (20_000, 0.1, alpha, 60_000)
+    assert zipf_hit_rate("admission", *args) > zipf_hit_rate("s3fifo", *args) - 0.01
+
+
+def test_a_small_hot_object_gets_in_while_epochs_keep_the_cache_full() -> None:
+    cache = SimulatedCache(2500)
+    hot = [10**6 + n for n in range(20)]
+    hits = reads = 0
+    for n, (epoch, chunk) in enumerate(epochs(5000, 6)):
+        cache.read(chunk)
+        if epoch >= 2 and n % 25 == 0:
+            hit = cache.read(hot[n % len(hot)])
+            if epoch >= 4:
+                hits += hit
+                reads += 1
+    assert hits / reads > 0.95
+
+
+def test_small_files_read_all_the_time_do_not_make_the_dataset_look_stale() -> None:
+    """As many reads of 50 small files as of the dataset: the dataset keeps its share."""
+    cache = SimulatedCache(2500)
+    hot = [10**6 + n for n in range(50)]
+    hits = [0] * 5
+    for n, (epoch, chunk) in enumerate(epochs(5000, 5)):
+        hits[epoch] += cache.read(chunk)
+        cache.read(hot[n * 7 % len(hot)])
+    assert min(hits[1:]) / 5000 > 0.9 * (2500 - 50) / 5000
+
+
+def test_a_finished_dataset_makes_way_for_the_next() -> None:
+    cache = SimulatedCache(2500)
+    for _, chunk in epochs(5000, 3, seed=9, first=10**6):
+        cache.read(chunk)
+    hits = [0] * 6
+    for epoch, chunk in epochs(5000, 6):
+        hits[epoch] += cache.read(chunk)
+    assert hits[-1] / 5000 > 0.45
