@@ -23,7 +23,9 @@
     │                               OriginClient re-raises the cause: never leaves that module
     ├── CatalogError                a catalog operation failed (bad URL, SQL error, closed)
     │   ├── CatalogUnavailable      unreachable or locked too long: transient, a 503
-    │   └── CatalogVersionError     the database's schema is newer than this LOTA
+    │   ├── CatalogVersionError     the database's schema is newer than this LOTA
+    │   └── StagingSwept            a commit named a staging copy the orphan sweep took: the
+    │                               write fails unacknowledged (a 503, retried)
     ├── CacheError                  lota.cache.store: the store cannot serve or open; the
     │   │                           request passes through to the origin
     │   ├── CacheDirInUse           another process holds a cache directory's lock
@@ -82,6 +84,11 @@ class CatalogUnavailable(CatalogError):
 
 class CatalogVersionError(CatalogError):
     """The database's schema is newer than this LOTA knows: upgrade LOTA, never downgrade."""
+
+
+class StagingSwept(CatalogError):
+    """A write's staging copy was swept as an orphan before it was committed: the write
+    fails (unacknowledged) and the client retries."""
 
 
 class LeaseLost(LotaError):
