@@ -39,6 +39,10 @@
     │                               resumes from the next owner or the origin
     ├── ObjectChanged               lota.cache.reads: the origin's object is not the cached one
     ├── NotModified                 lota.s3.conditions: the client's copy is current, answer 304
+    ├── Superseded                  lota.regions.home: a newer version of the key was committed;
+    │                               the one being migrated need not go home
+    ├── Fenced                      lota.regions.home: the home origin refused a conditional
+    │                               write (a newer version landed); retried
     ├── LeaseLost                   the lifecycle lease ran out or another node took it
     ├── WarmFailed                  ``lota warm`` did not complete; the message is its last line
     └── OriginStartError            the embedded origin (moto) did not start

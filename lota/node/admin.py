@@ -3,7 +3,8 @@
 =============================  ==========================================================
 ``GET /_lota/healthz``         the process answers (liveness)
 ``GET /_lota/readyz``          200 while serving, 503 before start, before the cluster's
-                               members are known, and once draining
+                               members are known, while this node's staging cannot take
+                               writes (saying why), and once draining
 ``GET /_lota/metrics``         Prometheus text
 ``POST /_lota/warm``           fill the cache with a prefix; progress as JSON lines
 ``GET|PUT /_lota/lifecycle/rules``  this node's lifecycle rules, as JSON
@@ -66,16 +67,14 @@ class Admin:
         self._lifecycle = lifecycle
         self._cache = cache
         self._catalog = catalog.catalog
+        self._problem = catalog.problem
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if path == "/_lota/healthz":
             return web.Response(text="ok\n")
         if path == "/_lota/readyz":
-            ready = self._drain.ready and self._cache.ready()
-            return web.Response(
-                text="ready\n" if ready else "not ready\n", status=200 if ready else 503
-            )
+            return self._readyz()
         if path == "/_lota/metrics":
             return web.Response(
                 body=self._metrics.render(), content_type="text/plain", charset="utf-8"
@@ -91,6 +90,15 @@ class Admin:
             summary = await self._catalog.pending_summary()
             return web.json_response(migration_report(summary))
         raise S3Error("InvalidRequest", f"Unknown LOTA admin call {path!r}.", status=404)
+
+    def _readyz(self) -> web.Response:
+        """200 "ready", or 503 "not ready" and, when it is known, why."""
+        problem = self._problem()
+        if self._drain.ready and self._cache.ready() and not problem:
+            return web.Response(text="ready\n")
+        return web.Response(
+            text=f"not ready: {problem}\n" if problem else "not ready\n", status=503
+        )
 
     async def _lifecycle_rules(self, request: web.BaseRequest) -> web.StreamResponse:
         """``GET``/``PUT /_lota/lifecycle/rules``: this node's lifecycle rules, as JSON."""

@@ -26,13 +26,14 @@ import aiohttp
 
 from lota.auth import Authenticator
 from lota.cache.fill import Filler
+from lota.cache.intake import WriteCache
 from lota.cache.plan import cacheable
 from lota.cache.reads import ReadPath
 from lota.cache.route import Alone, Placement
 from lota.cache.service import ChunkService
 from lota.cache.store import CacheError, CacheStore
 from lota.cache.warm import Warm
-from lota.catalog import open_catalog
+from lota.catalog import Event, open_catalog
 from lota.clock import Clock
 from lota.cluster.cluster import Cluster
 from lota.cluster.endpoint import PeerEndpoint
@@ -214,12 +215,18 @@ async def build_cache(
                 concurrency=n,
             )
 
+        def cached_etag(bucket: str, key: str) -> str:
+            obj = service.lookup(bucket, key)
+            return obj.meta.etag if obj is not None else ""
+
         feature = CacheFeature(
             on=True,
             cacheable=cacheable,
             serve=reads.serve,
             invalidate=service.invalidate,
             warm=warm,
+            cached_etag=cached_etag,
+            writes=WriteCache(service, reads.serve_version, metrics.cache_written_bytes),
         )
         if cluster is not None:
             verifier = Verifier(config.cluster.secret.encode())
@@ -306,17 +313,14 @@ async def build_catalog(
             local_dir=w.staging_dir if w.staging == "local-disk" else "",
         )
         accelerator = Accelerator(
-            catalog,
-            staging,
-            origins.for_bucket,
-            metrics,
-            config.body_timeout,
+            catalog, staging, origins.for_bucket, metrics, config.body_timeout, cache.writes
         )
+        if config.accelerates_writes:
+            await _check_staging(accelerator, w.create_staging, tasks)
         router = RegionalRouter(config, catalog, accelerator, origins)
         migrator = Migrator(catalog, staging, origins.for_bucket, w, metrics, clock)
         tasks.start(migrator.run(), "migrator")
-        if cache.on:
-            tasks.start(follow_events(catalog, cache, config.node), "invalidations")
+        tasks.start(follow_events(catalog, cache, config.node, _ignore), "events")
         access = AccessRecorder(catalog, clock)
         access.start(tasks)
         origin_for = origins.for_bucket
@@ -331,7 +335,24 @@ async def build_catalog(
         )
         if config.lifecycle.interval > 0:
             tasks.start(engine.run_forever(), "lifecycle")
-        yield CatalogFeature(on=True, catalog=catalog, router=router, access=access)
+        yield CatalogFeature(
+            on=True,
+            catalog=catalog,
+            router=router,
+            access=access,
+            problem=lambda: accelerator.problem,
+        )
     finally:
         await tasks.close()  # already done, unless the opening failed half-way
         await catalog.close()
+
+
+async def _check_staging(accelerator: Accelerator, create: bool, tasks: TaskGroup) -> None:
+    """Check this node's staging before it serves; if it cannot take writes, keep checking
+    in the background (the node is not ready meanwhile, and says why)."""
+    if not await accelerator.recheck_staging(create):
+        tasks.start(accelerator.watch_staging(create), "staging check")
+
+
+async def _ignore(event: Event) -> None:
+    pass
