@@ -39,7 +39,8 @@ from lota.clock import Clock
 from lota.config import Config
 from lota.errors import ConfigError
 from lota.lifecycle.config import LifecycleConfig
-from lota.lifecycle.engine import Engine, OriginListing, OriginMover
+from lota.lifecycle.engine import Engine
+from lota.lifecycle.origin import OriginListing, OriginMover
 from lota.metrics import Metrics
 from lota.regions.origins import Origins
 

@@ -46,7 +46,8 @@ from lota.config import Config
 from lota.connections import connection_limits
 from lota.errors import StartupError
 from lota.lifecycle.access import AccessRecorder
-from lota.lifecycle.engine import Engine, OriginListing, OriginMover
+from lota.lifecycle.engine import Engine
+from lota.lifecycle.origin import OriginListing, OriginMover
 from lota.lifecycle.restore import Restores
 from lota.lifecycle.state import LifecycleState
 from lota.logs import AccessLog

@@ -34,7 +34,7 @@ from lota.clock import Clock
 from lota.config import RegionConfig
 from lota.embedded import moto_server
 from lota.lifecycle.cli import open_engine, plan_command, run_command
-from lota.lifecycle.engine import OriginMover
+from lota.lifecycle.origin import OriginMover
 from lota.lifecycle.rules import DAY, Decision
 from lota.metrics import Metrics
 from lota.regions.origin import OriginClient

@@ -16,7 +16,8 @@ from lota.clock import Clock, FakeClock
 from lota.errors import CatalogError, OriginError
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.config import LifecycleConfig
-from lota.lifecycle.engine import LEASE, Engine, parse_time
+from lota.lifecycle.engine import LEASE, Engine
+from lota.lifecycle.origin import parse_time
 from lota.lifecycle.rules import DAY, Decision, ObjectInfo, Rule, Tiers, Transition, plan
 
 START = 1_900_000_000.0
