@@ -25,6 +25,9 @@ One run, for each bucket the rules name::
   class; the copy is also conditional on the ETag), then records in the catalog the
   object's last access and its new tier, then copies. Tiers mapped to the same class only
   record the tier.
+* **Tag filters.** A rule with ``tags`` governs only objects that carry all of them. Tags
+  are read (GetObjectTagging) only for objects whose key the first matching rule has tag
+  filters for, a few at a time, and kept per version (bucket, key, ETag) across runs.
 * **Idempotent and resumable.** Nothing is remembered between runs but the origin's
   classes and the catalog: a second run finds every object in its tier and does nothing.
   A crash between recording and copying leaves a tier the origin's class contradicts, which
@@ -52,9 +55,9 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from lota.catalog import AccessRecord, Catalog
@@ -65,7 +68,10 @@ from lota.lifecycle.rules import (
     Decision,
     ObjectInfo,
     Rule,
+    Status,
+    explain,
     listing_prefix,
+    needs_tags,
     plan,
     splits_directory,
 )
@@ -99,6 +105,9 @@ class ListingSource(Protocol):
 
     def pages(self, bucket: str, prefix: str) -> AsyncIterator[list[ObjectInfo]]: ...
 
+    async def one(self, bucket: str, key: str) -> ObjectInfo | None:
+        """One object; None if there is none."""
+
 
 class Mover(Protocol):
     """What changes an object's storage class."""
@@ -108,6 +117,49 @@ class Mover(Protocol):
 
     async def copy(self, decision: Decision) -> str | None:
         """Rewrite the object in `decision.storage_class`; None when done, else why not."""
+
+
+class TagSource(Protocol):
+    """An object's tags (GetObjectTagging), for rules with tag filters."""
+
+    async def tags(self, bucket: str, key: str) -> dict[str, str]: ...
+
+
+class _NoTags:
+    async def tags(self, bucket: str, key: str) -> dict[str, str]:
+        return {}
+
+
+class _TagCache:
+    """Tags already read, per object version (bucket, key, ETag): a plan every interval
+    must not read every tagged object's tags again. The oldest go past `size` entries."""
+
+    def __init__(self, source: TagSource, size: int = 100_000, concurrency: int = 8) -> None:
+        self._source = source
+        self._size = size
+        self._known: OrderedDict[tuple[str, str, str], dict[str, str]] = OrderedDict()
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def tagged(self, objects: list[ObjectInfo], rules: Sequence[Rule]) -> list[ObjectInfo]:
+        """`objects`, with their tags where the rules need them."""
+        wanted = [i for i, obj in enumerate(objects) if needs_tags(obj, rules)]
+        found = await asyncio.gather(*(self._tags(objects[i]) for i in wanted))
+        tagged = list(objects)
+        for i, tags in zip(wanted, found, strict=True):
+            tagged[i] = replace(tagged[i], tags=tags)
+        return tagged
+
+    async def _tags(self, obj: ObjectInfo) -> dict[str, str]:
+        version = (obj.bucket, obj.key, obj.etag)
+        if (tags := self._known.get(version)) is not None:
+            self._known.move_to_end(version)
+            return tags
+        async with self._slots:
+            tags = await self._source.tags(obj.bucket, obj.key)
+        self._known[version] = tags
+        while len(self._known) > self._size:
+            self._known.popitem(last=False)
+        return tags
 
 
 class Observer(Protocol):
@@ -244,6 +296,7 @@ class Engine:
         clock: Clock,
         state: LifecycleState | None = None,
         observer: Observer | None = None,
+        tags: TagSource | None = None,
         window: int = 1000,
         max_window: int = 250_000,
         monotonic: Callable[[], float] = time.monotonic,
@@ -254,6 +307,7 @@ class Engine:
         self._config = config
         self._clock = clock
         self.state = state or LifecycleState(config.rules)
+        self._tags = _TagCache(tags or _NoTags())
         self._observer = observer
         self._window = window
         self._max_window = max(window, max_window)
@@ -267,6 +321,25 @@ class Engine:
         async for decisions in self._decisions(report, bucket):
             for decision in decisions:
                 yield decision
+
+    async def status(self, bucket: str, key: str, now: float) -> tuple[ObjectInfo, Status] | None:
+        """What the rules say about bucket/key at `now`; None if it does not exist. A
+        version not home yet is the catalog's (in the tier its writer asked for)."""
+        obj = await self._pending(bucket, key) or await self._listing.one(bucket, key)
+        if obj is None:
+            return None
+        rules = [r for r in self.state.rules if r.bucket == bucket]
+        [obj] = await self._tags.tagged([obj], rules)
+        records = await self._catalog.list_accesses(bucket, key, "", 1)
+        usage = records[0] if records and records[0].key == key else None
+        return obj, explain(obj, usage, rules, self._config.tiers, now)
+
+    async def _pending(self, bucket: str, key: str) -> ObjectInfo | None:
+        latest = await self._catalog.get_object(bucket, key)
+        if latest is None or not latest.pending or latest.deleted:
+            return None
+        storage_class = dict(latest.headers).get("x-amz-storage-class", "STANDARD")
+        return ObjectInfo(bucket, key, latest.size, latest.created_at, storage_class, latest.etag)
 
     async def run(self, now: float | None = None, bucket: str | None = None) -> RunReport | None:
         """Apply every transition due at `now` once; None if another node holds the lease."""
@@ -330,7 +403,8 @@ class Engine:
         for bucket in buckets:
             mine = [r for r in rules if r.bucket == bucket]
             async for objects, accesses in self._windows(bucket, mine, report):
-                decisions = plan(objects, accesses, mine, self._config.tiers, report.now)
+                tagged = await self._tags.tagged(objects, mine)
+                decisions = plan(tagged, accesses, mine, self._config.tiers, report.now)
                 report.planned += len(decisions)
                 yield decisions
 

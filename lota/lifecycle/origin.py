@@ -12,6 +12,7 @@ import contextlib
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
 from lota.errors import OriginError
@@ -65,6 +66,24 @@ class OriginListing:
             raise OriginError(
                 f"listing {bucket}/{prefix} at the origin: {exc.status} {exc.code}"
             ) from exc
+
+    async def one(self, bucket: str, key: str) -> ObjectInfo | None:
+        """One object as a listing would show it (a HEAD); None if there is none."""
+        async with self._origin_for(bucket).request("HEAD", bucket, key) as reply:
+            if reply.status == 404:
+                return None
+            if reply.status != 200:
+                raise OriginError(f"HEAD {bucket}/{key}: {reply.status}")
+            headers = reply.headers
+            modified = parsedate_to_datetime(headers.get("last-modified", "")).timestamp()
+            return ObjectInfo(
+                bucket,
+                key,
+                int(headers.get("content-length", "0")),
+                modified,
+                headers.get("x-amz-storage-class", "STANDARD"),
+                headers.get("etag", ""),
+            )
 
 
 class OriginMover:
@@ -184,17 +203,30 @@ class OriginMover:
         return _xml(body).findtext(f"{S3_NS_PREFIX}ETag", "")
 
     async def _tags(self, d: Decision) -> str:
-        async with self._origin_for(d.bucket).request(
-            "GET", d.bucket, d.key, query=[("tagging", "")]
+        tags = await OriginTags(self._origin_for).tags(d.bucket, d.key)
+        return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in tags.items())
+
+
+class OriginTags:
+    """An object's tags, read with GetObjectTagging (the engine's tag filters)."""
+
+    def __init__(self, origin_for: Callable[[str], OriginClient]) -> None:
+        self._origin_for = origin_for
+
+    async def tags(self, bucket: str, key: str) -> dict[str, str]:
+        """Its tags; none for an object gone since it was listed."""
+        async with self._origin_for(bucket).request(
+            "GET", bucket, key, query=[("tagging", "")]
         ) as reply:
             body = await reply.read()
+        if reply.status == 404:
+            return {}
         if reply.status != 200:
-            raise OriginError(f"tags of {d.bucket}/{d.key}: {reply.status} {body[:200]!r}")
-        return "&".join(
-            f"{quote(tag.findtext(f'{S3_NS_PREFIX}Key', ''), safe='')}="
-            f"{quote(tag.findtext(f'{S3_NS_PREFIX}Value', ''), safe='')}"
+            raise OriginError(f"tags of {bucket}/{key}: {reply.status} {body[:200]!r}")
+        return {
+            tag.findtext(f"{S3_NS_PREFIX}Key", ""): tag.findtext(f"{S3_NS_PREFIX}Value", "")
             for tag in _xml(body).iter(f"{S3_NS_PREFIX}Tag")
-        )
+        }
 
 
 def _xml(body: bytes) -> ET.Element:

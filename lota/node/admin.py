@@ -7,7 +7,8 @@
                                writes (saying why), and once draining
 ``GET /_lota/metrics``         Prometheus text
 ``POST /_lota/warm``           fill the cache with a prefix; progress as JSON lines
-``GET|PUT /_lota/lifecycle/rules``  this node's lifecycle rules, as JSON
+``GET|PUT /_lota/lifecycle/rules``  the lifecycle rules, versioned, as JSON (with a catalog,
+                               a PUT replaces them on every node)
 ``GET /_lota/migrations``      accelerated writes not yet in their home region
 ``/_lota/peer/…``              the other nodes of the cluster (lota.cluster.endpoint)
 =============================  ==========================================================
@@ -101,7 +102,8 @@ class Admin:
         )
 
     async def _lifecycle_rules(self, request: web.BaseRequest) -> web.StreamResponse:
-        """``GET``/``PUT /_lota/lifecycle/rules``: this node's lifecycle rules, as JSON."""
+        """``GET``/``PUT /_lota/lifecycle/rules``: the lifecycle rules and their version, as
+        JSON; a PUT replaces them (for every node, with a catalog)."""
         view = _view(request)
         action = "s3:GetLifecycleConfiguration"
         if request.method == "PUT":
@@ -113,7 +115,7 @@ class Admin:
                 request, decoder, RULES_BODY_LIMIT, self._config.body_timeout
             )
             try:
-                self._lifecycle.replace(body.decode("utf-8", "replace"))
+                await self._lifecycle.replace(body.decode("utf-8", "replace"))
             except ConfigError as exc:
                 raise S3Error("InvalidArgument", str(exc)) from exc
         elif request.method != "GET":

@@ -47,9 +47,9 @@ from lota.connections import connection_limits
 from lota.errors import StartupError
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.engine import Engine
-from lota.lifecycle.origin import OriginListing, OriginMover
+from lota.lifecycle.origin import OriginListing, OriginMover, OriginTags
 from lota.lifecycle.restore import Restores
-from lota.lifecycle.state import LifecycleState
+from lota.lifecycle.state import RULES_DOCUMENT, LifecycleState
 from lota.logs import AccessLog
 from lota.metrics import LifecycleObserver, Metrics
 from lota.node.admin import Admin
@@ -321,7 +321,14 @@ async def build_catalog(
         router = RegionalRouter(config, catalog, accelerator, origins)
         migrator = Migrator(catalog, staging, origins.for_bucket, w, metrics, clock)
         tasks.start(migrator.run(), "migrator")
-        tasks.start(follow_events(catalog, cache, config.node, _ignore), "events")
+        lifecycle.share(catalog)
+        await lifecycle.load()
+
+        async def on_document(event: Event) -> None:
+            if event.key == RULES_DOCUMENT:
+                await lifecycle.load()
+
+        tasks.start(follow_events(catalog, cache, config.node, on_document), "events")
         access = AccessRecorder(catalog, clock)
         access.start(tasks)
         origin_for = origins.for_bucket
@@ -333,6 +340,7 @@ async def build_catalog(
             clock=clock,
             state=lifecycle,
             observer=LifecycleObserver(metrics),
+            tags=OriginTags(origin_for),
         )
         if config.lifecycle.interval > 0:
             tasks.start(engine.run_forever(), "lifecycle")
@@ -353,7 +361,3 @@ async def _check_staging(accelerator: Accelerator, create: bool, tasks: TaskGrou
     in the background (the node is not ready meanwhile, and says why)."""
     if not await accelerator.recheck_staging(create):
         tasks.start(accelerator.watch_staging(create), "staging check")
-
-
-async def _ignore(event: Event) -> None:
-    pass

@@ -496,3 +496,99 @@ def test_reading_an_archived_object_relays_invalid_object_state_or_starts_the_re
             assert s3.get_object(Bucket=bucket, Key="old.pt")["Body"].read() == b"frozen"
     finally:
         node.stop()
+
+
+def _rules(node: LotaProcess, body: bytes | None = None) -> dict[str, Any]:
+    """GET (or, with a body, PUT) /_lota/lifecycle/rules of a node."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        node.url + "/_lota/lifecycle/rules", data=body, method="PUT" if body else "GET"
+    )
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def test_rules_put_through_one_node_apply_on_every_node_and_tags_pick_what_moves(
+    origin_link: tuple[str, RecordingProxy], catalog_url: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    endpoint, _ = origin_link
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="lota-origin",
+        aws_secret_access_key="lota-origin-secret",
+        region_name="us-east-1",
+    )
+    s3.create_bucket(Bucket="tagged")
+    for key, tagging in (
+        ("final.pt", "stage=final&team=a"),
+        ("draft.pt", "stage=draft"),
+        ("x", ""),
+    ):
+        s3.put_object(Bucket="tagged", Key=key, Body=b"t" * 1000, Tagging=tagging)
+    configs = [
+        write_config(tmp_path / f"{n}.toml", n, catalog_url, endpoint, tmp_path)
+        for n in ("n1", "n2")
+    ]
+    nodes = [
+        LotaProcess(["--config", str(c)], log_path=c.with_suffix(".log")).start() for c in configs
+    ]
+    try:
+        assert _rules(nodes[1])["version"] == 0  # the config's seed
+        rules = {
+            "rules": [
+                {
+                    "bucket": "tagged",
+                    "min_size": "0",
+                    "tags": {"stage": "final"},
+                    "transitions": [{"days_since_last_access": 30, "tier": "archive"}],
+                }
+            ]
+        }
+        put = _rules(nodes[0], json.dumps(rules).encode())
+        assert put["version"] == 1 and put["rules"][0]["tags"] == {"stage": "final"}
+        replaced = time.monotonic()
+        while _rules(nodes[1])["version"] != 1:
+            assert time.monotonic() - replaced < 1.0, "node 2 did not take the new rules"
+            time.sleep(0.02)
+        assert _rules(nodes[1])["rules"] == put["rules"]
+    finally:
+        for node in nodes:
+            assert node.stop() == 0
+
+    def lota(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "lota", "lifecycle", *args, "--config", str(configs[1])],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=nodes[1].env,
+            check=False,
+        )
+
+    later = iso(time.time() + 40 * DAY)
+    plan = lota("plan", "--now", later)
+    assert plan.stdout.splitlines() == [
+        line for line in plan.stdout.splitlines() if line.startswith("tagged\tfinal.pt\t")
+    ]
+    assert len(plan.stdout.splitlines()) == 1, plan.stdout + plan.stderr
+    status = lota("status", "s3://tagged/final.pt", "--now", iso(time.time()))
+    assert status.returncode == 0, status.stderr
+    assert "rule:         tagged/" in status.stdout and "moves to:     archive at" in status.stdout
+    draft = json.loads(lota("status", "s3://tagged/draft.pt", "--json").stdout)
+    assert (draft["tier"], draft["rule"], draft["note"]) == (
+        "hot",
+        None,
+        "no rule matches it: it never moves",
+    )
+    assert lota("status", "s3://tagged/nothing-here").returncode == 1
+    assert lota("run", "--now", later).returncode == 0
+    classes = {
+        key: s3.head_object(Bucket="tagged", Key=key).get("StorageClass", "STANDARD")
+        for key in ("final.pt", "draft.pt", "x")
+    }
+    assert classes == {"final.pt": "DEEP_ARCHIVE", "draft.pt": "STANDARD", "x": "STANDARD"}
