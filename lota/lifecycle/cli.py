@@ -37,8 +37,6 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TextIO
 
-import aiohttp
-
 from lota import config as configuration
 from lota.catalog import open_catalog
 from lota.clock import Clock
@@ -50,7 +48,7 @@ from lota.lifecycle.origin import OriginListing, OriginMover, OriginTags
 from lota.lifecycle.rules import ObjectInfo, Status
 from lota.lifecycle.state import LifecycleState
 from lota.metrics import Metrics
-from lota.regions.origins import Origins
+from lota.regions.control import ControlPlane
 
 
 async def plan_command(
@@ -175,22 +173,21 @@ async def open_engine(config_path: str | None) -> AsyncIterator[tuple[Engine, Cl
         await state.load()
         if not state.rules:
             print("lota lifecycle: no rules (config or catalog)", file=sys.stderr)
-        async with aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300),
-            auto_decompress=False,
-        ) as session:
-            origins = Origins(config, session, Metrics())
+        control = ControlPlane(config, Metrics())
+        try:
             yield (
                 Engine(
                     catalog,
-                    OriginListing(origins.for_bucket),
-                    OriginMover(origins.for_bucket),
+                    OriginListing(control),
+                    OriginMover(control),
                     lifecycle,
                     clock=clock,
                     state=state,
-                    tags=OriginTags(origins.for_bucket),
+                    tags=OriginTags(control),
                 ),
                 clock,
             )
+        finally:
+            await control.close()
     finally:
         await catalog.close()

@@ -59,6 +59,7 @@ from lota.node.invalidation import Invalidation, follow_events
 from lota.node.node import Drain, Node
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
+from lota.regions.control import ControlPlane
 from lota.regions.migrator import Migrator
 from lota.regions.origin import POOL_SIZE
 from lota.regions.origin_pages import origin_pages
@@ -90,6 +91,8 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
         stack.callback(access_log.flush)
         session = await stack.enter_async_context(_origin_session(config))
         origins = Origins(config, session, metrics)
+        control = ControlPlane(config, metrics)
+        stack.push_async_callback(control.close)
         cache = CacheFeature.off()
         if config.cache.dirs:
             restores = Restores(config.lifecycle, tasks, origins.for_bucket)
@@ -99,7 +102,7 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
         catalog = CatalogFeature.off()
         if config.catalog.url:
             catalog = await stack.enter_async_context(
-                build_catalog(config, clock, metrics, origins, tasks, lifecycle, cache)
+                build_catalog(config, clock, metrics, origins, control, tasks, lifecycle, cache)
             )
         stack.push_async_callback(_stop_work, drain, catalog, fills, tasks)
         front = Front(
@@ -295,6 +298,7 @@ async def build_catalog(
     clock: Clock,
     metrics: Metrics,
     origins: Origins,
+    control: ControlPlane,
     tasks: TaskGroup,
     lifecycle: LifecycleState,
     cache: CacheFeature,
@@ -331,16 +335,15 @@ async def build_catalog(
         tasks.start(follow_events(catalog, cache, config.node, on_document), "events")
         access = AccessRecorder(catalog, clock)
         access.start(tasks)
-        origin_for = origins.for_bucket
         engine = Engine(
             catalog,
-            OriginListing(origin_for),
-            OriginMover(origin_for),
+            OriginListing(control),
+            OriginMover(control),
             config.lifecycle,
             clock=clock,
             state=lifecycle,
             observer=LifecycleObserver(metrics),
-            tags=OriginTags(origin_for),
+            tags=OriginTags(control),
         )
         if config.lifecycle.interval > 0:
             tasks.start(engine.run_forever(), "lifecycle")
