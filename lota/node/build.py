@@ -316,6 +316,7 @@ async def build_catalog(
             origins=origins,
             staging_bucket=local.staging_bucket,
             local_dir=w.staging_dir if w.staging == "local-disk" else "",
+            control=control,
         )
         accelerator = Accelerator(
             catalog, staging, origins.for_bucket, metrics, config.body_timeout, cache.writes
@@ -323,7 +324,7 @@ async def build_catalog(
         if config.accelerates_writes:
             await _check_staging(accelerator, w.create_staging, tasks)
         router = RegionalRouter(config, catalog, accelerator, origins)
-        migrator = Migrator(catalog, staging, origins.for_bucket, w, metrics, clock)
+        migrator = Migrator(catalog, staging, origins.for_bucket, control, w, metrics, clock)
         tasks.start(migrator.run(), "migrator")
         lifecycle.share(catalog)
         await lifecycle.load()

@@ -36,7 +36,7 @@ from lota.s3.errors import S3Error
 # and no checksum beyond what the call needs (some stores refuse the newer ones).
 _CONFIG = {
     "s3": {"addressing_style": "path"},
-    "retries": {"mode": "standard", "max_attempts": 5},
+    "retries": {"mode": "standard", "max_attempts": 3},
     "connect_timeout": 10,
     "read_timeout": 120,
     "request_checksum_calculation": "when_required",

@@ -21,25 +21,43 @@ landed. Its copy must not land over that one. So, for each version:
    pending again so that it lands last (``requeued``).
 
 A multipart copy does steps 1 and 2 again just before its completion, which is when its
-object lands.
+object lands. The calls without a body (HEAD, CreateMultipartUpload, its completion and
+abort, DeleteObject) go through the control plane (:mod:`lota.regions.control`); the
+bodies (PutObject, UploadPart) stream from staging through the data path's client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from lota.catalog import Catalog, CatalogObject
 from lota.errors import LotaError, OriginError
 from lota.metrics import Metrics
 from lota.regions.accelerate import md5_base64
+from lota.regions.control import ControlPlane, translated
 from lota.regions.origin import OriginClient
 from lota.regions.staged import object_location
 from lota.regions.staging import Staging
-from lota.s3.xml import xml_text
+from lota.s3.errors import S3Error
 
 log = logging.getLogger("lota.migrator")
+
+# Stored request headers (lota.regions.staged.STORED_HEADERS) as CreateMultipartUpload's
+# parameters.
+_CREATE_PARAMS = {
+    "cache-control": "CacheControl",
+    "content-disposition": "ContentDisposition",
+    "content-encoding": "ContentEncoding",
+    "content-language": "ContentLanguage",
+    "expires": "Expires",
+    "x-amz-website-redirect-location": "WebsiteRedirectLocation",
+    "x-amz-tagging": "Tagging",
+    "x-amz-storage-class": "StorageClass",
+}
 
 Paced = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]
 
@@ -61,10 +79,12 @@ class Home:
         catalog: Catalog,
         staging: Staging,
         origin_for: Callable[[str], OriginClient],
+        control: ControlPlane,
         metrics: Metrics,
         part_concurrency: int,
     ) -> None:
         self._catalog = catalog
+        self._control = control
         self._staging = staging
         self._origin_for = origin_for
         self._metrics = metrics
@@ -84,10 +104,16 @@ class Home:
     async def _fence(self, obj: CatalogObject) -> str | None:
         """Steps 1 and 2: what the home holds now (an ETag, None: nothing), if `obj` is
         still the latest version."""
-        async with self._origin_for(obj.bucket).request("HEAD", obj.bucket, obj.key) as reply:
-            if reply.status not in (200, 404):
-                raise OriginError(f"home HEAD answered {reply.status}")
-            held = reply.headers.get("etag") if reply.status == 200 else None
+        client = await self._control.for_bucket(obj.bucket)
+        try:
+            async with translated(f"home HEAD of {obj.bucket}/{obj.key}"):
+                held: str | None = (await client.head_object(Bucket=obj.bucket, Key=obj.key))[
+                    "ETag"
+                ]
+        except S3Error as exc:
+            if exc.status != 404:
+                raise OriginError(f"home HEAD answered {exc.status} {exc.code}") from exc
+            held = None
         latest = await self._catalog.get_object(obj.bucket, obj.key)
         if latest is None or latest.seq != obj.seq:
             raise Superseded(f"{obj.bucket}/{obj.key} v{obj.seq} has a newer version")
@@ -141,46 +167,26 @@ class Home:
                 raise OriginError(f"home ETag {reply.headers.get('etag')} != {obj.etag}")
 
     async def _copy_multipart(self, obj: CatalogObject, paced: Paced) -> None:
-        origin = self._origin_for(obj.bucket)
-        async with origin.request(
-            "POST", obj.bucket, obj.key, query=[("uploads", "")], headers=self._headers(obj)
-        ) as reply:
-            answer = await reply.read()
-            if reply.status != 200:
-                raise OriginError(f"home CreateMultipartUpload answered {reply.status}")
-        upload = xml_text(answer, "UploadId")
+        origin, client = self._origin_for(obj.bucket), await self._control.for_bucket(obj.bucket)
+        where = {"Bucket": obj.bucket, "Key": obj.key}
+        async with translated(f"home CreateMultipartUpload of {obj.bucket}/{obj.key}"):
+            created = await client.create_multipart_upload(**where, **_created(obj))
+        upload = created["UploadId"]
         try:
             etags = await self._upload_parts(origin, obj, upload, paced)
             held = await self._fence(obj)  # the object lands with the completion
-            await self._complete(origin, obj, upload, etags, held)
+            parts = [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]
+            async with _fenced("CompleteMultipartUpload"):
+                done = await client.complete_multipart_upload(
+                    **where, UploadId=upload, MultipartUpload={"Parts": parts}, **_if(held)
+                )
+            if done.get("ETag") != obj.etag:
+                raise OriginError(f"home ETag {done.get('ETag')} != {obj.etag}")
         except BaseException:
-            async with origin.request("DELETE", obj.bucket, obj.key, query=[("uploadId", upload)]):
-                pass
+            with contextlib.suppress(S3Error, OriginError):
+                async with translated("aborting a home upload"):
+                    await client.abort_multipart_upload(**where, UploadId=upload)
             raise
-
-    async def _complete(
-        self,
-        origin: OriginClient,
-        obj: CatalogObject,
-        upload: str,
-        etags: list[str],
-        held: str | None,
-    ) -> None:
-        parts = "".join(
-            f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>"
-            for n, e in enumerate(etags, 1)
-        )
-        body = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
-        headers = {"content-length": str(len(body))} | _condition(held)
-        async with origin.request(
-            "POST", obj.bucket, obj.key, query=[("uploadId", upload)], body=body, headers=headers
-        ) as reply:
-            answer = await reply.read()
-            _check_fence(reply.status, "CompleteMultipartUpload")
-            if reply.status != 200 or b"<Error>" in answer:
-                raise OriginError(f"home CompleteMultipartUpload failed: {answer[:300]!r}")
-        if xml_text(answer, "ETag") != obj.etag:
-            raise OriginError(f"home ETag {xml_text(answer, 'ETag')} != {obj.etag}")
 
     async def _upload_parts(
         self, origin: OriginClient, obj: CatalogObject, upload: str, paced: Paced
@@ -212,13 +218,32 @@ class Home:
     async def _delete(self, obj: CatalogObject, held: str | None) -> None:
         if held is None:
             return  # nothing there to delete
-        headers = {"if-match": held}
-        async with self._origin_for(obj.bucket).request(
-            "DELETE", obj.bucket, obj.key, headers=headers
-        ) as reply:
-            _check_fence(reply.status, "DELETE")
-            if reply.status not in (200, 204, 404):
-                raise OriginError(f"home DELETE answered {reply.status}")
+        client = await self._control.for_bucket(obj.bucket)
+        async with _fenced("DELETE"):
+            await client.delete_object(Bucket=obj.bucket, Key=obj.key, IfMatch=held)
+
+
+def _created(obj: CatalogObject) -> dict[str, Any]:
+    """CreateMultipartUpload's parameters for the headers `obj` was written with."""
+    headers = dict(obj.headers)
+    params: dict[str, Any] = {"ContentType": obj.content_type, "Metadata": dict(obj.metadata)}
+    params.update((name, headers[h]) for h, name in _CREATE_PARAMS.items() if h in headers)
+    return params
+
+
+def _if(held: str | None) -> dict[str, str]:
+    """Only if the home still holds what it held when asked."""
+    return {"IfMatch": held} if held is not None else {"IfNoneMatch": "*"}
+
+
+@contextlib.asynccontextmanager
+async def _fenced(what: str) -> AsyncIterator[None]:
+    try:
+        async with translated(f"home {what}"):
+            yield
+    except S3Error as exc:
+        _check_fence(exc.status, what)
+        raise OriginError(f"home {what} answered {exc.status} {exc.code}") from exc
 
 
 def _condition(held: str | None) -> dict[str, str]:

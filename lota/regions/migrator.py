@@ -19,6 +19,7 @@ from lota.clock import Clock
 from lota.config import WriteConfig
 from lota.errors import LotaError
 from lota.metrics import Metrics
+from lota.regions.control import ControlPlane
 from lota.regions.home import Fenced, Home, Superseded
 from lota.regions.origin import OriginClient
 from lota.regions.orphans import OrphanSweep
@@ -65,6 +66,7 @@ class Migrator:
         catalog: Catalog,
         staging: Staging,
         origin_for: Callable[[str], OriginClient],
+        control: ControlPlane,
         config: WriteConfig,
         metrics: Metrics,
         clock: Clock,
@@ -76,7 +78,7 @@ class Migrator:
         self._metrics = metrics
         self._clock = clock
         self._rate = RateLimit(config.migrate_bandwidth)
-        self._home = Home(catalog, staging, origin_for, metrics, config.part_concurrency)
+        self._home = Home(catalog, staging, origin_for, control, metrics, config.part_concurrency)
         self._orphans = OrphanSweep(catalog, staging, config, metrics, clock)
         self._pruned_at = 0.0
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from lota.errors import OriginError
+from lota.regions.control import ControlPlane
 from lota.regions.location import Location
 from lota.regions.multipart import PartsPage
 from lota.regions.origin import OriginClient
@@ -112,6 +113,7 @@ class Staging:
         origins: Mapping[str, OriginClient],
         staging_bucket: str = "",
         local_dir: str = "",
+        control: ControlPlane | None = None,
     ) -> None:
         self.node = node
         self.region = region
@@ -119,7 +121,7 @@ class Staging:
         self._bucket = staging_bucket
         self._disk = DiskArea(node, local_dir, STAGING_PREFIX) if local_dir else None
         self.area: StagingArea = self._disk or BucketArea(
-            origins.get(region), region, staging_bucket, STAGING_PREFIX
+            origins.get(region), region, staging_bucket, STAGING_PREFIX, control
         )
 
     @property

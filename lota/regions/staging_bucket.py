@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
 
 from lota.errors import LotaError, OriginError
+from lota.regions.control import ControlPlane, translated
 from lota.regions.location import Location
 from lota.regions.multipart import PartsPage, parse_parts
 from lota.regions.origin import OriginClient
-from lota.regions.origin_pages import origin_page
 from lota.s3.errors import S3Error
 from lota.s3.xml import xml_text
 
@@ -24,8 +23,16 @@ PROBE = ".lota-probe"
 class BucketArea:
     """The staging bucket of this node's region."""
 
-    def __init__(self, origin: OriginClient | None, region: str, bucket: str, prefix: str) -> None:
+    def __init__(
+        self,
+        origin: OriginClient | None,
+        region: str,
+        bucket: str,
+        prefix: str,
+        control: ControlPlane | None = None,
+    ) -> None:
         self._origin_or_none = origin
+        self._control = control
         self._region = region
         self._bucket = bucket
         self._prefix = prefix
@@ -130,9 +137,15 @@ class BucketArea:
                 raise passed_on(r.status, await r.read())
 
     async def entries(self, after: str, limit: int) -> tuple[list[tuple[str, float]], str]:
-        page = await origin_page(self._origin, self._bucket, self._prefix, start_after=after)
-        found = [(e.key, _time(e.last_modified)) for e in page.contents[:limit]]
-        return found, found[-1][0] if page.truncated and found else ""
+        if self._control is None:
+            raise OriginError(f"{self.where}: no control plane to list it with")
+        client = await self._control.region(self._region)
+        async with translated(f"listing {self.where}"):
+            page = await client.list_objects_v2(
+                Bucket=self._bucket, Prefix=self._prefix, StartAfter=after, MaxKeys=limit
+            )
+        found = [(e["Key"], e["LastModified"].timestamp()) for e in page.get("Contents", [])]
+        return found, found[-1][0] if page.get("IsTruncated") and found else ""
 
     async def check(self, create: bool) -> str:
         try:
@@ -175,13 +188,6 @@ class BucketArea:
         async with self._origin.request("DELETE", self._bucket, key):
             pass
         return ""
-
-
-def _time(text: str) -> float:
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _code(body: bytes) -> str:

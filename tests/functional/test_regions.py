@@ -131,11 +131,12 @@ def test_writes_are_accepted_while_the_home_region_is_down_and_catch_up(
         s3a.put_object(Bucket=FAR, Key=key, Body=data)
     for key, data in blobs.items():
         assert s3a.get_object(Bucket=FAR, Key=key)["Body"].read() == data
-    time.sleep(2)
-    failures = sum(
+    deadline = time.monotonic() + 30  # each attempt retries its calls before it fails
+    while not sum(
         _metric(n.metrics(), "lota_migration_failures_total") for n in (regions.a, regions.b)
-    )
-    assert failures > 0  # the migrators tried, failed, and will retry
+    ):
+        assert time.monotonic() < deadline, "the migrators did not try"  # then retry
+        time.sleep(0.2)
     regions.link_b.down = False
     for key, data in blobs.items():
         assert regions.wait_migrated(key, timeout=60) == data
