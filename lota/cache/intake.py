@@ -78,6 +78,11 @@ class Intake:
         """An intake that keeps nothing (no cache, or an object too large for it)."""
         return cls()
 
+    @property
+    def keeping(self) -> bool:
+        """Whether it may still become an entry (it has an entry to become one)."""
+        return self._obj is not None
+
     async def tee(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """`body`, each piece kept before it is passed on."""
         async for piece in body:

@@ -153,17 +153,20 @@ class Accelerator:
         return etag
 
     async def _keep(self, intake: Intake, target: Target, seq: int, parts: tuple[int, ...]) -> None:
-        """The bytes kept become the object's cached copy here; whatever this node cached
-        of the key before goes in any case (reads of the key must not find it once the
-        version is home)."""
-        committed = await self.catalog.get_object(target.bucket, target.key)
-        if committed is not None and committed.seq == seq:  # else a later write won already
+        """The bytes kept become the object's cached copy here; if none were kept, what
+        this node cached of the key before goes (reads must not find it once the version
+        is home). A later write of the key won already: its own keeping, or its event,
+        takes care of this node's copy."""
+        if intake.keeping:
+            committed = await self.catalog.get_object(target.bucket, target.key)
+            if committed is None or committed.seq != seq:
+                await intake.drop()
+                return
             headers = object_headers(committed) | {"content-length": str(committed.size)}
             headers |= committed.checksums
             meta = written_meta(target.bucket, target.key, headers, parts, committed.created_at)
             if await intake.keep(meta):
                 return
-        await intake.drop()
         await self.cache.forget(target.bucket, [target.key])
 
     async def delete_object(self, target: Target) -> web.StreamResponse:
