@@ -12,9 +12,12 @@ before writes were cached), and prints both; then how long the migrator took to 
 in B.
 
     python -m bench.writes [--size 256MiB] [--latency 30ms] [--bandwidth 100Mbit] [--no-cache]
+                           [--staging-latency 1ms --staging-bandwidth 1Gbit]
 
 ``--no-cache`` runs the node without a cache: what keeping the written object costs the
-acknowledgement, and the read back as it was before (from staging).
+acknowledgement, and the read back as it was before (from staging). By default the staging
+bucket is a moto on this machine, read at memory speed; ``--staging-latency`` and
+``--staging-bandwidth`` put it behind a link of its own, as a region's object store is.
 """
 
 from __future__ import annotations
@@ -144,16 +147,25 @@ async def main() -> None:
     parser.add_argument("--latency", default="30ms", help="region B one-way latency")
     parser.add_argument("--bandwidth", default="100Mbit", help="region B single-stream cap")
     parser.add_argument("--no-cache", action="store_true", help="the node without a cache")
+    parser.add_argument("--staging-latency", default="0", help="region A one-way latency")
+    parser.add_argument("--staging-bandwidth", default="", help="region A single-stream cap")
     args = parser.parse_args()
     size = parse_size(args.size)
     latency, bandwidth = parse_duration(args.latency), parse_bandwidth(args.bandwidth)
     with tempfile.TemporaryDirectory(prefix="lota-bench-writes-") as tmp:
-        async with EmbeddedOrigin() as a, EmbeddedOrigin(latency=latency, bandwidth=bandwidth) as b:
+        near_bandwidth = parse_bandwidth(args.staging_bandwidth) if args.staging_bandwidth else None
+        async with (
+            EmbeddedOrigin(
+                latency=parse_duration(args.staging_latency), bandwidth=near_bandwidth
+            ) as a,
+            EmbeddedOrigin(latency=latency, bandwidth=bandwidth) as b,
+        ):
             result = await asyncio.to_thread(run, a, b, Path(tmp), size, not args.no_cache)
     mib = size / 2**20
     print(
         f"\nAcknowledged PUT of {mib:.0f} MiB into a bucket homed in region B "
-        f"({args.latency} one way, {args.bandwidth}); staging bucket local:\n"
+        f"({args.latency} one way, {args.bandwidth}); staging bucket in region A "
+        f"({args.staging_latency} one way, {args.staging_bandwidth or 'no cap'}):\n"
     )
     print(
         table(
