@@ -252,14 +252,14 @@ def test_with_local_disk_staging_multipart_uploads_are_staged_and_land_in_commit
             f'[catalog]\nurl = "sqlite:///{tmp_path}/catalog.db"\n'
             '[write]\nstaging = "local-disk"\n'
             f'staging_dir = "{tmp_path}/staging"\nstaging_grace = "0s"\n'
-            'migrate_bandwidth = "400KiB"\n'
+            'migrate_bandwidth = "2MiB"\n'
             f'[regions.us-east]\nendpoint = "{near}"\n[regions.eu-west]\nendpoint = "{far}"\n'
             '[buckets]\n"far" = "eu-west"\n'
         )
         node = LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log").start()
         try:
             s3 = client_for(node.url)
-            s3.put_object(Bucket="far", Key="ckpt", Body=b"OLD" * 300_000)  # ~2 s to migrate
+            s3.put_object(Bucket="far", Key="ckpt", Body=b"OLD" * 1_400_000)  # ~2 s to migrate
             data = tmp_path / "new.bin"
             data.write_bytes(os.urandom(11 * MiB))
             s3.upload_file(
