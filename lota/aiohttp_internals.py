@@ -15,6 +15,9 @@ findable when aiohttp changes:
   response sends its headers through before ``sendfile``.
 - :func:`bound_address`: ``TCPSite._server``, the asyncio server, for the port really
   bound when listening on port 0.
+- :func:`extend_read_timeout`: ``ResponseHandler.read_timeout`` and ``start_timeout()``
+  of a client connection: a response whose head came in time gets a longer wait between
+  body bytes (what aiohttp itself does for a websocket after its handshake).
 
 Overridden hooks, outside this module for now: ``RequestHandler.finish_response`` and
 ``connection_made``/``data_received`` (lota.connections), ``web.Server._make_request``
@@ -59,8 +62,21 @@ def payload_writer(response: web.StreamResponse) -> AbstractStreamWriter | None:
     return response._payload_writer
 
 
-def bound_address(site: web.TCPSite) -> tuple[str, int]:
+def bound_address(site: web.TCPSite | web.SockSite) -> tuple[str, int]:
     """The host and port a started site listens on (the real port when asked for port 0)."""
     server: Any = site._server  # asyncio's or uvloop's Server: both have .sockets
     host, port = server.sockets[0].getsockname()[:2]
     return host, port
+
+
+def extend_read_timeout(response: Any, seconds: float | None) -> None:
+    """The head of client `response` is in: give its body `seconds` between bytes."""
+    connection = response.connection  # None once the whole body is in
+    if connection is None or connection.protocol is None:
+        return
+    connection.protocol.read_timeout = seconds
+    # The timer armed by the last read still has the short wait: restart it. While
+    # reading is paused (the consumer is behind) there is none; resuming arms the new one.
+    transport = connection.transport
+    if transport is not None and transport.is_reading():
+        connection.protocol.start_timeout()

@@ -8,6 +8,7 @@ Settings come from a TOML file (--config or LOTA_CONFIG), then LOTA_* variables
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -123,6 +124,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _serve(args: argparse.Namespace) -> int:
     from lota.node.serve import serve
+    from lota.workers.spec import WorkerSpec
+    from lota.workers.supervisor import Supervisor
 
     overrides: dict[str, Any] = {
         "listen": args.listen,
@@ -137,6 +140,11 @@ def _serve(args: argparse.Namespace) -> int:
         "tls_key": args.tls_key,
     }
     path = args.config or os.environ.get("LOTA_CONFIG")
+    spec = WorkerSpec.from_environment()
+    if spec is not None:  # a worker its supervisor started: its settings come from it
+        config = spec.configure(configuration.load(spec.config_path, overrides=spec.overrides))
+        _run(serve(config, worker=spec))
+        return 0
 
     async def run() -> None:
         async with AsyncExitStack() as stack:
@@ -144,7 +152,13 @@ def _serve(args: argparse.Namespace) -> int:
                 overrides.update(await _embedded_origin(stack, args, path, overrides))
             config = configuration.load(path, overrides=overrides)
             config.require_serving()
-            await serve(config, on_ready=lambda url: _announce(url, config, args))
+            announce = functools.partial(_announce, config=config, args=args)
+            if config.worker_count > 1:
+                given = {k: v for k, v in overrides.items() if v is not None}
+                workers = Supervisor(config, config.worker_count, path, given)
+                await workers.run(on_ready=announce)
+            else:
+                await serve(config, on_ready=announce)
 
     _run(run())
     return 0

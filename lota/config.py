@@ -97,6 +97,9 @@ class CacheConfig:
     stale_if_error: Duration = 3600.0
     # Chunks fetched ahead of a sequential range reader.
     readahead: int = 4
+    # Chunks of one read fetched at once, each with its own ranged origin GET, ahead of the
+    # reader (a cold read of a large object, a warm, a bytes=0-0 prestage).
+    fill_concurrency: int = 8
     # Seconds between background digest checks of idle chunks (0: off).
     scrub_interval: Duration = 3600.0
     # fsync each chunk before it becomes servable (survives power loss, not just kill -9).
@@ -124,6 +127,8 @@ class CacheConfig:
                 )
         if self.readahead < 0:
             raise ConfigError("cache.readahead must not be negative")
+        if self.fill_concurrency < 1:
+            raise ConfigError("cache.fill_concurrency must be at least 1")
         if not 0 < self.low_watermark < self.high_watermark <= 1:
             raise ConfigError("cache watermarks need 0 < low_watermark < high_watermark <= 1")
 
@@ -199,6 +204,9 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # This node's name in the catalog (leases, local-disk staging); defaults to the hostname.
     node: str = ""
+    # Worker processes serving the listen address over one cache (0: one per CPU this
+    # process may use; 1: this process serves alone).
+    workers: int = 0
     regions: Mapping[str, RegionConfig] = field(default_factory=dict)
     default_region: str = ""
     bucket_regions: Mapping[str, str] = field(default_factory=dict)
@@ -230,6 +238,8 @@ class Config:
         count = self.max_connections
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ConfigError("max_connections must be a whole number, 0 for automatic")
+        if not 0 <= self.workers <= 256:
+            raise ConfigError("workers must be from 0 (one per CPU) to 256")
         if not self.node:
             object.__setattr__(self, "node", socket.gethostname())
         if not self.default_region:
@@ -303,10 +313,16 @@ class Config:
     def listen_address(self) -> tuple[str, int]:
         return parse_listen(self.listen)
 
+    @property
+    def worker_count(self) -> int:
+        """How many worker processes serve: ``workers``, or one per CPU this process may
+        use (its affinity, as a container's CPU set gives it)."""
+        return self.workers or len(os.sched_getaffinity(0))
+
 
 # ``LOTA_*`` variables that are not settings: which file, which node a client command talks
-# to, and the test clock (lota.clock).
-NOT_SETTINGS = frozenset({"LOTA_CONFIG", "LOTA_ENDPOINT", "LOTA_TIME_OFFSET"})
+# to, the test clock (lota.clock), and what a worker process is told by its supervisor.
+NOT_SETTINGS = frozenset({"LOTA_CONFIG", "LOTA_ENDPOINT", "LOTA_TIME_OFFSET", "LOTA_WORKER"})
 # Variables that were renamed: when every setting got its variable by one rule, and when
 # the catalog got its own section.
 RENAMED = {"LOTA_CATALOG": "LOTA_CATALOG_URL", "LOTA_WRITE_CATALOG": "LOTA_CATALOG_URL"}

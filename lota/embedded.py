@@ -287,6 +287,10 @@ class EmbeddedOrigin:
             await asyncio.to_thread(self._moto.stop)
 
 
+# Storage classes whose objects a GET cannot read until they are restored.
+_ARCHIVED = frozenset({"GLACIER", "DEEP_ARCHIVE"})
+
+
 class _RangedReads:
     """WSGI middleware: a GET of an object with one Range and no query is answered with
     moto's headers for a HEAD of the same request and the range's bytes read from the
@@ -331,8 +335,8 @@ class _RangedReads:
             first, last = (int(n) for n in span.split("-"))
             backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
             obj = backend.get_object(bucket, key)
-            if obj is None:
-                return None
+            if obj is None or obj.storage_class in _ARCHIVED:
+                return None  # moto decides what an archived object's GET answers
             with obj.lock:
                 if obj.etag != headers.get("etag"):
                     return None  # replaced since the HEAD: let moto answer

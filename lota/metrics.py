@@ -26,6 +26,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from lota import __version__
+from lota.lifecycle.rules import TIERS
 
 # Process-wide in prometheus-client: every registry built from here on, ours included.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -130,7 +131,8 @@ class Metrics:
             "lota_cache_bytes",
             "Object bytes sent to clients by the read path, by source: hit (stored chunk), "
             "fill (following a fill in progress), peer (relayed from the chunk's owner "
-            "node), origin (relayed when the cache could not hold it, or every owner failed)",
+            "node), sibling (relayed from the worker of this node that owns it, filling "
+            "it), origin (relayed when the cache could not hold it, or every owner failed)",
             ["source"],
             registry=r,
         )
@@ -171,7 +173,9 @@ class Metrics:
             ["result"],
             registry=r,
         )
-        for result in ("filled", "cached", "denied", "failed"):  # zeros are news too
+        # Children made at 0 up front, here and below: rate() and increase() see a counter's
+        # first step only from a sample before it, so one born at its first event hides it.
+        for result in ("filled", "cached", "denied", "failed"):
             self.warm_objects.labels(result)
         self.warm_filled_bytes = Counter(
             "lota_warm_filled_bytes",
@@ -224,6 +228,8 @@ class Metrics:
             ["tier"],
             registry=r,
         )
+        for tier in TIERS:
+            self.lifecycle_transitions.labels(tier)
         self.lifecycle_transition_bytes = Counter(
             "lota_lifecycle_transition_bytes", "Bytes moved between tiers", registry=r
         )
@@ -237,6 +243,12 @@ class Metrics:
         self._declare_writes(r)
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
+        )
+        self.ready = Gauge(
+            "lota_ready",
+            "1 while /_lota/readyz answers 200 (index loaded, members known, not draining), "
+            "else 0: what a readiness probe sees, for alerts where no probe results are kept",
+            registry=r,
         )
         self.client_connections = Gauge(
             "lota_client_connections", "Client connections open right now", registry=r
@@ -309,6 +321,13 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.peer_served_bytes = Counter(
+            "lota_peer_served_bytes",
+            "Chunk bytes this process sent to other nodes and other workers, by where it "
+            "found them, as lota_cache_bytes (which counts client bytes only)",
+            ["source"],
+            registry=r,
+        )
         self.peer_bytes_out = Counter(
             "lota_peer_bytes_out",
             "Chunk bytes sent to other nodes (not counted in lota_bytes_out)",
@@ -328,6 +347,8 @@ class Metrics:
             ["to"],
             registry=r,
         )
+        for to in ("peer", "origin"):
+            self.peer_fallbacks.labels(to)
         self.cluster_members = Gauge(
             "lota_cluster_members",
             "Members this node knows of, by state: live, or suspected (its last call failed)",
@@ -348,6 +369,28 @@ class Metrics:
             "Hot chunks of other nodes' this node started keeping a copy of",
             registry=r,
         )
+        self.worker_requests = Counter(
+            "lota_worker_requests",
+            "Chunk reads this worker asked of the other workers of its node (their chunks, "
+            "not held: relayed as they filled them), by result, as lota_peer_requests",
+            ["result"],
+            registry=r,
+        )
+        self.worker_bytes_in = Counter(
+            "lota_worker_bytes_in", "Chunk bytes relayed from the other workers", registry=r
+        )
+        self.worker_bytes_out = Counter(
+            "lota_worker_bytes_out",
+            "Chunk bytes relayed to the other workers (not in lota_bytes_out)",
+            registry=r,
+        )
+        self.workers = Gauge(
+            "lota_workers",
+            "Worker processes whose metrics are in this answer (the node's workers that "
+            "answered; 1 per worker)",
+            registry=r,
+        )
+        self.workers.set(1)
         self.cluster_copy_bytes = Gauge(
             "lota_cluster_copy_bytes",
             "Bytes of hot chunks of other nodes' kept here (at most hot_share of the budget)",

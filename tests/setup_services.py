@@ -1,7 +1,9 @@
 """Install what the test suite needs from the system, once, before pytest runs.
 
 `make test` calls this so that a fresh Debian machine (and CI) gets the AWS CLI the tests
-drive (the ``awscli`` package) without a step by hand. PostgreSQL's server binaries for the
+drive (the ``awscli`` package), and the Prometheus server and ``promtool`` that check the
+deployment's dashboard and alerts (the ``prometheus`` package; installing it starts no
+server where there is no init system, and the test runs its own), without a step by hand. PostgreSQL's server binaries for the
 catalog tests are not installed here: tests/postgres.py finds ``initdb`` and ``pg_ctl`` on
 PATH or under ``/usr/lib/postgresql/*/bin``, and the catalog tests fail, naming the package
 (``apt-get install postgresql``), when they are missing.
@@ -15,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEBIAN_PACKAGES = {"/usr/bin/aws": "awscli"}
+DEBIAN_PACKAGES = {"/usr/bin/aws": "awscli", "/usr/bin/prometheus": "prometheus"}
 
 
 def missing_packages() -> list[str]:

@@ -40,6 +40,16 @@ class DirLocked(LotaError):
         self.holder = holder
 
 
+def in_use(root: str, exc: DirLocked) -> str:
+    """What a start that finds cache directory `root` held says."""
+    return f"cache directory {root} is in use by {exc.holder} (lock {exc.lock})"
+
+
+def unusable(root: str, exc: OSError) -> str:
+    """What a start that cannot use cache directory `root` says."""
+    return f"cannot use cache directory {root}: {exc}"
+
+
 class ChunkFiles:
     """Create, fill, publish, check and delete chunk files."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lota.cache.layout import chunk_count, chunk_length
@@ -170,8 +170,10 @@ class FillJob:
     result: asyncio.Future[CachedObject | OriginReply] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    # Set when the job has ended, whatever the outcome.
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Done when the job has ended, whatever the outcome.
+    ended: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     # The chunk the job is copying now (its response body arrives in order).
     at: int = 0
 
@@ -186,9 +188,11 @@ class Filler:
         metrics: Metrics,
         clock: Clock,
         tasks: TaskGroup,
+        concurrency: int = 8,
     ) -> None:
         self.store = store
         self.chunk_size = chunk_size
+        self.concurrency = concurrency
         self._metrics = metrics
         self._clock = clock
         self._tasks = tasks
@@ -206,6 +210,49 @@ class Filler:
         stream everything before it (a tail read during a cold read of the whole object)."""
         job = fill.job
         return fill.path is not None or job is None or fill.index - job.at <= NEAR
+
+    def fill_each(
+        self, source: ByteSource, obj: CachedObject, indexes: Sequence[int]
+    ) -> asyncio.Future[None]:
+        """Fill each of chunks `indexes` of `obj` with a ranged request of its own, in
+        order, at most ``concurrency`` at once (a window-bound origin stream is that many
+        times faster); chunks held or filling already are skipped. The future is done when
+        every chunk has ended (filled, or failed), fills by others included."""
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        m = obj.meta
+        self._tasks.start(self._each(source, obj, indexes, finished), f"fill {m.bucket}/{m.key}*")
+        return finished
+
+    async def _each(
+        self,
+        source: ByteSource,
+        obj: CachedObject,
+        indexes: Sequence[int],
+        finished: asyncio.Future[None],
+    ) -> None:
+        slots = asyncio.Semaphore(self.concurrency)
+        others: list[ChunkFill] = []
+        jobs: list[FillJob] = []
+        try:
+            for index in indexes:
+                if not obj.alive:
+                    break
+                if self.store.has_chunk(obj, index):
+                    continue
+                if (other := self.fill_for(obj, index)) is not None:
+                    others.append(other)
+                    continue
+                await slots.acquire()
+                job = self.start(source, obj.meta.bucket, obj.meta.key, index, index, obj)
+                job.ended.add_done_callback(lambda _: slots.release())
+                jobs.append(job)
+            await asyncio.gather(*(job.ended for job in jobs))
+            for fill in others:
+                while not fill.finished:
+                    await fill.wait()
+        finally:
+            if not finished.done():
+                finished.set_result(None)
 
     def learn(
         self, source: ChunkSource, bucket: str, key: str
@@ -310,7 +357,7 @@ class Filler:
             log.exception("fill of %s/%s failed", job.bucket, job.key)
             self._fail(job, exc)
         finally:
-            job.done.set()
+            job.ended.set_result(None)
             if self._cold.get((job.bucket, job.key)) is job:
                 del self._cold[(job.bucket, job.key)]
             self._metrics.cache_fill_seconds.observe(time.perf_counter() - started)

@@ -17,7 +17,7 @@ its own (``tests/unit/test_cache_plan.py``):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -105,6 +105,8 @@ class ColdFetch:
     last: int | None = None
     suffix: int = 0
     head: bool = False
+    whole: bool = False
+    """The reader wants the whole object (no Range, or one S3 cannot read)."""
 
     def byte_range(self, chunk_size: int) -> str:
         """The Range header value of the GET ("" for the whole object)."""
@@ -117,23 +119,26 @@ class ColdFetch:
 
 
 def cold_fetch(
-    method: str, range_header: str, part: int | None, chunk_size: int, *, clustered: bool = False
+    method: str, range_header: str, part: int | None, chunk_size: int, *, spread: bool = False
 ) -> ColdFetch:
-    """What a cold GET (or HEAD) of an object asks its origin for. In a cluster only the
-    metadata: which node owns a chunk depends on the object's version, and a GET here
-    would read chunks from the origin that other nodes are meant to fill."""
-    if method == "HEAD" or part is not None or clustered:
+    """What a cold GET (or HEAD) of an object asks its origin for: the first chunk the
+    reader needs (its answer says the object's size; the chunks after it are fetched in
+    parallel, ``fill_concurrency`` at a time, as the reader goes), the whole chunks of a
+    suffix range, or only the metadata. With chunks `spread` over workers or nodes, only the
+    metadata: who owns a chunk depends on the object's version, and a GET here would read
+    chunks from the origin that another process is meant to fill."""
+    if method == "HEAD" or part is not None or spread:
         return ColdFetch(head=True)
     wanted = parse_range(range_header)
     if wanted is None:
-        return ColdFetch()
+        return ColdFetch(first=0, last=0, whole=True)
     if wanted.start is None:
         if wanted.suffix == 0:
             return ColdFetch(head=True)  # unsatisfiable whatever the size: the size says so
         # The last `suffix` bytes start at most chunk_size - 1 bytes into their chunk.
         return ColdFetch(suffix=wanted.suffix + chunk_size - 1)
-    last = None if wanted.end is None else wanted.end // chunk_size
-    return ColdFetch(first=wanted.start // chunk_size, last=last)
+    first = wanted.start // chunk_size
+    return ColdFetch(first=first, last=first)
 
 
 def first_whole_chunk(start: int, chunk_size: int) -> int:
@@ -184,18 +189,6 @@ def answered_from(answered: str, missing_remote: Sequence[bool]) -> str:
 def chunk_span(first: int, last: int, chunk_size: int) -> range:
     """The chunks holding bytes first..last (none when the range is empty)."""
     return range(first // chunk_size, last // chunk_size + 1) if last >= first else range(0)
-
-
-def runs(indexes: Iterable[int]) -> list[tuple[int, int]]:
-    """Chunk indexes as runs of consecutive ones, (first, last) each, in order: one
-    request fills a run, never the chunks between two runs (another node's)."""
-    found: list[tuple[int, int]] = []
-    for index in sorted(set(indexes)):
-        if found and found[-1][1] == index - 1:
-            found[-1] = (found[-1][0], index)
-        else:
-            found.append((index, index))
-    return found
 
 
 def pieces(first: int, last: int, chunk_size: int) -> Iterator[tuple[int, int, int]]:

@@ -92,7 +92,10 @@ class ReadPath:
                 if result.status == 403 and b"InvalidObjectState" in result.body:
                     self.on_archived(target.bucket, target.key)
                 return relay_reply(result)
-            obj, answered = result, "MISS"
+            # Spread over workers, a cold entry was learnt by HEAD: its bytes may be held
+            # by another worker (HIT), or not (MISS), as the chunks say below.
+            spread_get = placement.spread and request.method == "GET"
+            obj, answered = result, "HIT" if spread_get else "MISS"
         return await self._respond(request, target, placement, obj, answered)
 
     async def serve_version(
@@ -180,24 +183,28 @@ class ReadPath:
             request.headers.get("range", ""),
             part,
             self._cs,
-            clustered=placement.clustered,
+            spread=placement.spread,
         )
+        origin, bucket, key = placement.origin, target.bucket, target.key
         if wanted.head:
-            learnt = await self.cache.learn(placement.origin, target.bucket, target.key)
+            learnt = await self.cache.learn(origin, bucket, key)
             if not isinstance(learnt, OriginReply) or request.method != "GET":
                 return learnt
             # A HEAD's refusal has no body: a GET gets the origin's own error document
             # (NoSuchKey or NoSuchBucket, InvalidObjectState...) from a GET of its own.
             wanted = plan.ColdFetch(first=0, last=0)
-        job = self.cache.fill(
-            placement.origin,
-            target.bucket,
-            target.key,
-            wanted.first,
-            wanted.last,
-            suffix=wanted.suffix,
-        )
-        return await asyncio.shield(job.result)
+        # A ranged answer never carries the whole object's checksums: a reader that wants
+        # them (boto3 always asks) gets them from a HEAD sent beside the first chunk's GET.
+        checksums = request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+        head = self.cache.learn_soon(origin, bucket, key) if wanted.whole and checksums else None
+        job = self.cache.fill(origin, bucket, key, wanted.first, wanted.last, suffix=wanted.suffix)
+        found = await asyncio.shield(job.result)
+        if isinstance(found, OriginReply) and found.status == 416 and wanted.whole:
+            # An empty object: no first chunk to read. The HEAD says all there is.
+            return await self.cache.learn(origin, bucket, key)
+        if head is not None:
+            await asyncio.wait({head})  # its checksums are merged into the entry
+        return found
 
     # -- delivery ---------------------------------------------------------------------
 
@@ -223,16 +230,16 @@ class ReadPath:
         else:
             first, last, status = plan.answer_range(request.headers.get("range", ""), m.size)
         get = request.method == "GET"
+        if get:
+            answered = await self._source_header(placement, obj, first, last, answered)
         if get and answered == "HIT" and last - first < SMALL_BODY:
-            body = await self.deliverer.read_cached(obj, first, last)
+            body = await self.deliverer.read_cached(placement, obj, first, last)
             if body is not None:
                 # All of it was cached and is read: one response, written in one go.
                 small = web.Response(status=status, body=body)
                 self._headers(small, request, target, obj, first, last, status, part, answered)
                 self._read_ahead(placement, obj, first, last)
                 return small
-        if get:
-            answered = self._source_header(placement, obj, first, last, answered)
         streamed = BufferedHeadersResponse(status=status)
         self._headers(streamed, request, target, obj, first, last, status, part, answered)
         streamed.content_length = max(0, last - first + 1)
@@ -338,17 +345,23 @@ class ReadPath:
         learnt[part] = (offset, offset + lengths[part] - 1)
         return learnt, parts_count
 
-    def _source_header(
+    async def _source_header(
         self, placement: Placement, obj: CachedObject, first: int, last: int, answered: str
     ) -> str:
         """What ``x-lota-cache`` says of a GET of bytes first..last, decided before the
-        body: see :func:`lota.cache.plan.answered_from`."""
+        body (see :func:`lota.cache.plan.answered_from`): a chunk another worker of this
+        node holds is as good as held here."""
         if answered not in ("HIT", "MISS") or last < first:
             return answered
-        cs = self._cs
-        missing = [
-            i for i in range(first // cs, last // cs + 1) if not self.cache.has_chunk(obj, i)
-        ]
+        missing = []
+        for index in plan.chunk_span(first, last, self._cs):
+            if self.cache.has_chunk(obj, index):
+                continue
+            opened = await placement.open_elsewhere(obj, index)
+            if opened is None:
+                missing.append(index)
+            else:
+                opened.close()
         return plan.answered_from(answered, [placement.remote(obj, i) for i in missing])
 
     def _prefetch(self, placement: Placement, obj: CachedObject) -> None:

@@ -3,8 +3,7 @@
 The read path asks a placement, per chunk it does not hold, for a :class:`Route`: the
 source to read the chunk from, and whether to fill it into this node's cache (then the
 client follows the fill) or only relay it to the client. A node working alone has one
-placement, :class:`Alone`: every chunk comes from the bucket's origin and is kept, and a
-fill may run on to the end of what the reader asked for in one request. A node of a
+placement, :class:`Alone`: every chunk comes from the bucket's origin and is kept. A node of a
 cluster has :class:`lota.cluster.placement.Clustered`: a chunk another node owns is read
 from that node (next owners, then the origin, when it fails) and kept only when it is hot.
 
@@ -19,12 +18,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from lota.cache import plan
-from lota.cache.fill import FillJob
+from lota.cache.fill import FillJob, OriginReply
 from lota.cache.layout import chunk_count
 from lota.cache.service import ChunkService
 from lota.cache.source import ByteSource, ChunkSource
 from lota.cache.store import CachedObject
+
+
+class OpenedChunk(Protocol):
+    """A chunk file held by another process of this node, open here: send it from `fd`."""
+
+    fd: int
+    length: int
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +67,9 @@ class Placement(Protocol):
 
     origin: ChunkSource
     """The bucket's origin: metadata (HEAD, revalidation) comes from it."""
-    clustered: bool
-    """Whether chunks are spread over nodes: then a cold read learns the object's
-    metadata first (one HEAD), since which node owns a chunk depends on its version."""
+    spread: bool
+    """Whether chunks are spread over processes (workers, nodes): then a cold read learns
+    the object's metadata first (one HEAD), since who owns a chunk depends on its version."""
 
     def route(self, obj: CachedObject, index: int, last: int) -> Route:
         """How to get chunk `index` of `obj` (a reader wants chunks up to `last`)."""
@@ -72,77 +79,103 @@ class Placement(Protocol):
         """Whether chunk `index` would come from another node (``x-lota-cache: PEER``)."""
         ...
 
+    async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
+        """Chunk `index`, if another worker of this node holds it (sent from here,
+        zero-copy); None if not, or if it is not another worker's."""
+        ...
+
     def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:
         """Have these chunks filled where they belong; nobody waits for it."""
         ...
 
-    async def warm(self, bucket: str, key: str, known: CachedObject | None) -> Warmed:
+    async def warm(
+        self, bucket: str, key: str, known: CachedObject | None, size: int = -1
+    ) -> Warmed:
         """Fill every chunk of the object where it belongs, and wait until they are in
-        (`known`: its cache entry, if this node has one)."""
+        (`known`: its cache entry, if this node has one; `size`: its size as listed, -1 if
+        not known)."""
+        ...
+
+
+class NodePlacement(Placement, Protocol):
+    """The placement of the chunks this node owns (all of them, for a node alone): what a
+    cluster's placement hands the node's own chunks to."""
+
+    cache: ChunkService
+
+    async def warm_chunks(self, obj: CachedObject, indexes: Sequence[int]) -> Warmed:
+        """Fill these chunks of `obj` where they belong on this node; wait for them."""
         ...
 
 
 class Alone:
-    """The placement of a node working alone: every chunk from the origin, kept here."""
+    """The placement of a node working alone in one process: every chunk from the origin,
+    kept here."""
 
-    clustered = False
+    spread = False
 
     def __init__(self, cache: ChunkService, origin: ChunkSource) -> None:
-        self._cache = cache
+        self.cache = cache
         self.origin = origin
 
     def route(self, obj: CachedObject, index: int, last: int) -> Route:
-        return Route(self.origin, keep=True, last=last)
+        return Route(self.origin, keep=True, last=index)
 
     def remote(self, obj: CachedObject, index: int) -> bool:
         return False
 
-    def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:
-        # One request over them all: the chunks in between are held or on their way
-        # (a fill skips those), and nobody else should fill them.
-        if indexes:
-            m = obj.meta
-            self._cache.fill(self.origin, m.bucket, m.key, min(indexes), max(indexes), obj)
+    async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
+        return None
 
-    async def warm(self, bucket: str, key: str, known: CachedObject | None) -> Warmed:
-        return await warm_here(self._cache, self.origin, bucket, key, known)
+    def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:
+        if indexes:
+            self.cache.fill_each(self.origin, obj, indexes)
+
+    async def warm(
+        self, bucket: str, key: str, known: CachedObject | None, size: int = -1
+    ) -> Warmed:
+        if known is None and size == 0:  # nothing to fill: one HEAD says all there is
+            learnt = await self.cache.learn(self.origin, bucket, key)
+            return Warmed(fetched=True) if isinstance(learnt, CachedObject) else Warmed(failed=1)
+        return await warm_here(self.cache, self.origin, bucket, key, known)
+
+    async def warm_chunks(self, obj: CachedObject, indexes: Sequence[int]) -> Warmed:
+        m = obj.meta
+        return await warm_here(self.cache, self.origin, m.bucket, m.key, obj, indexes)
 
 
 async def warm_here(
     cache: ChunkService,
-    source: ByteSource,
+    source: ChunkSource,
     bucket: str,
     key: str,
     known: CachedObject | None,
     indexes: Sequence[int] | None = None,
 ) -> Warmed:
     """Fill chunks `indexes` (default: all) of an object into this node's cache from
-    `source` and wait for them: one request per run of consecutive chunks missing. A chunk
-    another fill was bringing in counts once that fill is done. An object not `known` yet
-    is learnt from the request that fills all of it (no `indexes` then)."""
+    `source` and wait for them: a ranged request each, ``fill_concurrency`` at a time. A
+    chunk another fill was bringing in counts once that fill is done. An object not
+    `known` yet is learnt from the request for its first chunk."""
+    done = Warmed()
     if known is None:
-        job = cache.fill(source, bucket, key, 0, None)
-        await job.done.wait()
-        obj = _filled(job)
-        if obj is None:
+        job = cache.fill(source, bucket, key, 0, 0)  # its answer says what the object is
+        await job.ended
+        known = _filled(job)
+        if known is None and _refused(job) == 416:  # an empty object: no chunk to read
+            learnt = await cache.learn(source, bucket, key)
+            known = learnt if isinstance(learnt, CachedObject) else None
+        if known is None:
             return Warmed(failed=1)
-        return _count(cache, obj, range(chunk_count(obj.meta.size, cache.chunk_size)), 0)
+        done = _count(cache, known, [0] if known.meta.size else [])
+        indexes = range(1, chunk_count(known.meta.size, cache.chunk_size))
     every = range(chunk_count(known.meta.size, cache.chunk_size))
     wanted = list(every if indexes is None else indexes)
-    held = [i for i in wanted if cache.has_chunk(known, i)]
     missing = [i for i in wanted if not cache.has_chunk(known, i)]
-    if not missing:
-        return Warmed(cached=len(held))
-    others = [f for i in missing if (f := cache.filling(known, i)) is not None]
-    jobs = [cache.fill(source, bucket, key, a, b, known) for a, b in plan.runs(missing)]
-    for job in jobs:
-        await job.done.wait()
-    for fill in others:
-        while not fill.finished:
-            await fill.wait()
-    if any(_filled(job) is None for job in jobs):
-        return Warmed(cached=len(held), failed=len(missing), fetched=True)
-    return _count(cache, known, missing, len(held))
+    done.cached += len(wanted) - len(missing)
+    if missing:
+        await cache.fill_each(source, known, missing)
+        done.add(_count(cache, known, missing))
+    return done
 
 
 def _filled(job: FillJob) -> CachedObject | None:
@@ -154,8 +187,18 @@ def _filled(job: FillJob) -> CachedObject | None:
     return obj if isinstance(obj, CachedObject) else None
 
 
-def _count(cache: ChunkService, obj: CachedObject, indexes: Sequence[int], held: int) -> Warmed:
-    done = Warmed(cached=held, fetched=True)
+def _refused(job: FillJob) -> int:
+    """The status a finished job's source refused it with (0 if it did not)."""
+    outcome = job.result
+    if not outcome.done() or outcome.exception() is not None:
+        return 0
+    answer = outcome.result()
+    return answer.status if isinstance(answer, OriginReply) else 0
+
+
+def _count(cache: ChunkService, obj: CachedObject, indexes: Sequence[int]) -> Warmed:
+    """What became of chunks `indexes`, just fetched."""
+    done = Warmed(fetched=True)
     for index in indexes:
         if cache.has_chunk(obj, index):
             done.filled += 1

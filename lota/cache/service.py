@@ -10,6 +10,7 @@ with single flight: however many ask for a chunk, one request to a source fetche
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from prometheus_client import Counter
 
@@ -27,6 +28,7 @@ class ChunkService:
         self._store = store
         self._filler = filler
         self.chunk_size = filler.chunk_size
+        self.fill_concurrency = filler.concurrency
 
     # -- what is held -------------------------------------------------------------------
 
@@ -108,6 +110,13 @@ class ChunkService:
             source, bucket, key, first, last, known, suffix=suffix, expect=expect
         )
 
+    def fill_each(
+        self, source: ByteSource, obj: CachedObject, indexes: Sequence[int]
+    ) -> asyncio.Future[None]:
+        """Fill these chunks of `obj` from `source`, a request each, ``fill_concurrency`` at a
+        time, in order; done when all have ended (see :meth:`Filler.fill_each`)."""
+        return self._filler.fill_each(source, obj, indexes)
+
     def filling(self, obj: CachedObject, index: int) -> ChunkFill | None:
         """The fill bringing chunk `index` of `obj` in, if one is."""
         return self._filler.fill_for(obj, index)
@@ -119,6 +128,12 @@ class ChunkService:
         """The object's metadata from `source` (a HEAD), kept as its entry; concurrent
         askers share one HEAD. A non-200 answer comes back as the :class:`OriginReply`."""
         return await asyncio.shield(self._filler.learn(source, bucket, key))
+
+    def learn_soon(
+        self, source: ChunkSource, bucket: str, key: str
+    ) -> asyncio.Future[CachedObject | OriginReply]:
+        """Start learning the object's metadata (as :meth:`learn`) without waiting."""
+        return self._filler.learn(source, bucket, key)
 
     def learning(self, bucket: str, key: str) -> bool:
         """Whether the object's metadata is being learnt right now (a HEAD in flight)."""

@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 
 from lota.errors import LotaError
 
-SourceKind = Literal["origin", "peer"]
+SourceKind = Literal["origin", "peer", "sibling"]
 
 
 class SourceBroke(LotaError):

@@ -204,7 +204,7 @@ class Warm:
     async def _one(self, key: str, size: int) -> None:
         result: Result = "failed"
         try:
-            result = await self._fill(key)
+            result = await self._fill(key, size)
         except Exception:  # counted, and the warm goes on with the other objects
             log.warning("warming %s/%s failed", self._bucket, key, exc_info=True)
         finally:
@@ -218,9 +218,9 @@ class Warm:
         if result == "filled":
             self._metrics.warm_filled_bytes.inc(size)
 
-    async def _fill(self, key: str) -> Result:
+    async def _fill(self, key: str, size: int) -> Result:
         known = self._cache.lookup(self._bucket, key)
-        warmed = await self._placement.warm(self._bucket, key, known)
+        warmed = await self._placement.warm(self._bucket, key, known, size)
         self.state.count_chunks(warmed)
         if warmed.failed:
             return "failed"

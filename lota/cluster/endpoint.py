@@ -35,8 +35,8 @@ from lota.cache import plan
 from lota.cache.deliver import Deliverer
 from lota.cache.fill import OriginReply
 from lota.cache.layout import chunk_count
-from lota.cache.reads import BufferedHeadersResponse, relay_reply
-from lota.cache.route import Alone, warm_here
+from lota.cache.reads import relay_reply
+from lota.cache.route import Alone, NodePlacement
 from lota.cache.service import ChunkService
 from lota.cache.store import CachedObject
 from lota.cluster.peers import FILL, INVALIDATE, OBJECT, PING
@@ -44,6 +44,7 @@ from lota.cluster.signing import PeerRefused, Verifier
 from lota.metrics import Metrics
 from lota.s3.addressing import is_valid_bucket_name
 from lota.s3.errors import S3Error
+from lota.workers.node import is_sibling
 
 PREFIX = "/_lota/peer/"
 # A fill names at most this many chunks (80 GiB of 8 MiB chunks).
@@ -60,25 +61,35 @@ class PeerEndpoint:
         cache: ChunkService,
         deliverer: Deliverer,
         alone_for: Callable[[str], Alone],
+        local_for: Callable[[str], NodePlacement],
         metrics: Metrics,
     ) -> None:
+        """`alone_for`: a bucket's placement in this process alone (what a sibling worker's
+        call is answered from: it goes no further); `local_for`: over this node's workers
+        (what another node's call is answered from)."""
         self._verifier = verifier
         self._cache = cache
         self._deliverer = deliverer
         self._alone_for = alone_for
+        self._local_for = local_for
         self._metrics = metrics
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
-            self._verifier.verify(request.method, request.raw_path, request.headers, time.time())
+            sender = self._verifier.verify(
+                request.method, request.raw_path, request.headers, time.time()
+            )
         except PeerRefused as exc:
             self._metrics.peer_refused.labels(exc.reason).inc()
             raise
         path, method = request.path, request.method
+        bucket = request.query.get("bucket", "")
+        sibling = is_sibling(sender)
+        placement = self._alone_for(bucket) if sibling else self._local_for(bucket)
         if path == OBJECT and method == "GET":
-            return await self._object(request)
+            return await self._object(request, placement, counted=not sibling)
         if path == FILL and method == "POST":
-            return await self._fill(request)
+            return await self._fill(request, placement)
         if path == INVALIDATE and method == "POST":
             bucket, key = _target(request)
             await self._cache.invalidate(bucket, key)
@@ -87,19 +98,24 @@ class PeerEndpoint:
             return web.Response(text="ok\n")
         raise S3Error("InvalidRequest", f"Unknown peer call {method} {path}.", status=404)
 
-    async def _object(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _object(
+        self, request: web.BaseRequest, placement: NodePlacement, *, counted: bool
+    ) -> web.StreamResponse:
+        """A range of one version; `counted`: another node asked (lota_peer_served)."""
         bucket, key = _target(request)
         etag = _version(request)
         wanted = request.headers.get("range", "")
-        placement = self._alone_for(bucket)
         found = await self._version_of(placement, bucket, key, etag, wanted)
         if not isinstance(found, CachedObject):
             return relay_reply(found)
         m = found.meta
         first, last, status = plan.answer_range(wanted, m.size)
-        answered = "HIT" if self._cache.holds(found, first, last) else "MISS"
-        self._metrics.peer_served.labels(answered).inc()
-        response = BufferedHeadersResponse(status=status)
+        answered = await self._answered(placement, found, first, last)
+        if counted:
+            self._metrics.peer_served.labels(answered).inc()
+        # The head goes out at once, before the first byte (which may wait for this node's
+        # own origin): the asker knows this node is alive and working on it.
+        response = web.StreamResponse(status=status)
         response.headers.extend(
             plan.response_headers(
                 m.headers,
@@ -120,8 +136,22 @@ class PeerEndpoint:
         await response.write_eof()
         return response
 
+    async def _answered(
+        self, placement: NodePlacement, obj: CachedObject, first: int, last: int
+    ) -> str:
+        """HIT when this node holds every chunk of the range (in this worker or another),
+        else MISS (it fills from its origin)."""
+        for index in plan.chunk_span(first, last, self._cache.chunk_size):
+            if self._cache.has_chunk(obj, index):
+                continue
+            opened = await placement.open_elsewhere(obj, index)
+            if opened is None:
+                return "MISS"
+            opened.close()
+        return "HIT"
+
     async def _version_of(
-        self, placement: Alone, bucket: str, key: str, etag: str, wanted: str
+        self, placement: NodePlacement, bucket: str, key: str, etag: str, wanted: str
     ) -> CachedObject | OriginReply:
         """The entry of version `etag`: the one held; or learnt from the GET that starts
         filling the chunks asked for (If-Match: the origin answers 412 if it has another
@@ -150,21 +180,17 @@ class PeerEndpoint:
             return OriginReply(412, [], b"")  # the origin has another version now
         return found
 
-    async def _fill(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _fill(self, request: web.BaseRequest, placement: NodePlacement) -> web.StreamResponse:
         bucket, key = _target(request)
         etag = _version(request)
         chunks = _chunks(request.query.get("chunks", ""))
-        placement = self._alone_for(bucket)
-        first, last = plan.runs(chunks)[0]
         size = self._cache.chunk_size
-        wanted = f"bytes={first * size}-{(last + 1) * size - 1}"
+        wanted = f"bytes={chunks[0] * size}-{(chunks[0] + 1) * size - 1}"
         found = await self._version_of(placement, bucket, key, etag, wanted)
         if not isinstance(found, CachedObject):
             return relay_reply(found)
         count = chunk_count(found.meta.size, self._cache.chunk_size)
-        warmed = await warm_here(
-            self._cache, placement.origin, bucket, key, found, [i for i in chunks if i < count]
-        )
+        warmed = await placement.warm_chunks(found, [i for i in chunks if i < count])
         result = {"filled": warmed.filled, "cached": warmed.cached, "failed": warmed.failed}
         return web.Response(text=json.dumps(result), content_type="application/json")
 

@@ -37,6 +37,8 @@ TABLE_SIZES = (65_537, 262_139, 1_048_573)
 SLOTS_PER_MEMBER = 100
 # Seeds for the hashes of a member's name (its offset and its step in the table).
 _OFFSET_SEED, _STEP_SEED = 0x4C4F5441, 0x4D41474C
+# Seeds of the worker processes' hashes (worker_of): _WORKER_SEED + the worker's number.
+_WORKER_SEED = 0x574F524B
 
 
 def chunk_key(bucket: str, key: str, etag: str, index: int) -> bytes:
@@ -110,3 +112,12 @@ def _populate(members: tuple[str, ...], size: int) -> list[int]:
             filled += 1
             if filled == size:
                 return table
+
+
+def worker_of(key: bytes, workers: int) -> int:
+    """Which of a node's `workers` worker processes owns the chunk with this
+    :func:`chunk_key`: rendezvous hashing (the highest xxh64 of the key seeded with each
+    worker's number), so going from N to N+1 workers moves 1/(N+1) of the chunks."""
+    if workers <= 1:
+        return 0
+    return max(range(workers), key=lambda w: xxhash.xxh64_intdigest(key, seed=_WORKER_SEED + w))

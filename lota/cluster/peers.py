@@ -23,6 +23,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import aiohttp
 from yarl import URL
 
+from lota.aiohttp_internals import extend_read_timeout
 from lota.cache.route import Warmed
 from lota.cache.source import ByteSource, SourceBroke, SourceKind, SourceReply
 from lota.cluster.members import Membership
@@ -30,6 +31,7 @@ from lota.cluster.signing import sign
 from lota.errors import LotaError
 from lota.http import encode_query
 from lota.metrics import Metrics
+from lota.regions.origin import BODY_READ_TIMEOUT
 
 log = logging.getLogger("lota.cluster")
 
@@ -47,8 +49,9 @@ class PeerError(LotaError):
 
 
 def peer_session(timeout: float, origin_timeout: float) -> aiohttp.ClientSession:
-    """The node's one HTTP session to its peers: `timeout` to connect; an answer (and
-    each piece of a body) may take what the peer's own origin may, plus `timeout`."""
+    """The node's one HTTP session to its peers: `timeout` to connect; the head of an
+    answer may take what the peer's own origin may, plus `timeout` (an owner answers
+    with its head at once); its body may pause as an origin's may."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=POOL_SIZE, limit_per_host=POOL_PER_PEER),
         timeout=aiohttp.ClientTimeout(
@@ -67,17 +70,25 @@ class PeerClient:
         me: str,
         secret: bytes,
         membership: Membership,
-        session: aiohttp.ClientSession,
+        session: aiohttp.ClientSession | None,
         metrics: Metrics,
         *,
         scheme: str = "http",
+        sessions: Mapping[str, aiohttp.ClientSession] | None = None,
     ) -> None:
+        """`sessions`: members reached through a session of their own (the workers of this
+        node, each on its Unix socket, counted as workers' calls); the others through
+        `session` (other nodes, counted as peers')."""
         self.me = me
         self.membership = membership
         self.metrics = metrics
+        workers = sessions is not None
+        self.requests = metrics.worker_requests if workers else metrics.peer_requests
+        self.bytes_in = metrics.worker_bytes_in if workers else metrics.peer_bytes_in
         self._secret = secret
         self._session = session
         self._scheme = scheme
+        self._sessions = sessions or {}
         self._sources: dict[str, PeerSource] = {}
 
     def source(self, member: str) -> PeerSource:
@@ -98,12 +109,19 @@ class PeerClient:
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send one signed request; yield the response, its body unread. :class:`PeerError`
         when `member` cannot be reached or does not answer in time."""
-        target = f"{path}?{encode_query(query)}"
+        qs = encode_query(query)
+        target = f"{path}?{qs}" if qs else path
         signed = sign(self._secret, method, target, self.me, time.time(), headers or {})
+        session = self._sessions.get(member)
+        base = "http://localhost"  # a Unix socket's
+        if session is None:
+            session, base = self._session, f"{self._scheme}://{member}"
+        if session is None:
+            raise PeerError(f"no way to reach {member}")
         try:
-            response = await self._session.request(
+            response = await session.request(
                 method,
-                URL(f"{self._scheme}://{member}{target}", encoded=True),
+                URL(f"{base}{target}", encoded=True),
                 headers=signed,
                 allow_redirects=False,
                 skip_auto_headers=("Content-Type", "Accept-Encoding", "User-Agent"),
@@ -111,10 +129,13 @@ class PeerClient:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.membership.failed(member, time.monotonic())
             result = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
-            self.metrics.peer_requests.labels(result).inc()
+            self.requests.labels(result).inc()
             log.info("peer %s: %s %s failed: %r", member, method, path, exc)
             raise PeerError(f"peer {member} {result}: {exc!r}") from exc
         self.membership.answered(member)
+        # The head came in time: the body may pause as long as an origin's may (the
+        # owner relays what its origin sends), without the peer being taken for dead.
+        extend_read_timeout(response, BODY_READ_TIMEOUT)
         try:
             yield response
         finally:
@@ -179,7 +200,7 @@ class PeerSource:
                 result = response.headers.get("x-lota-cache", "").lower() or "hit"
             else:
                 result = "stale" if response.status == 412 else "error"
-            client.metrics.peer_requests.labels(result).inc()
+            client.requests.labels(result).inc()
             yield PeerReply(response, self.name, client)
 
 
@@ -202,9 +223,9 @@ class PeerReply:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             client = self._client
             client.membership.failed(self._member, time.monotonic())
-            client.metrics.peer_requests.labels("broken").inc()
+            client.requests.labels("broken").inc()
             raise SourceBroke(f"peer {self._member} broke off: {exc!r}") from exc
-        self._client.metrics.peer_bytes_in.inc(len(piece))
+        self._client.bytes_in.inc(len(piece))
         return piece
 
     async def pieces(self, size: int) -> AsyncIterator[bytes]:
@@ -221,7 +242,7 @@ class OwnersSource:
 
     def __init__(
         self,
-        owners: Sequence[PeerSource],
+        owners: Sequence[ByteSource],
         origin: ByteSource,
         usable: Callable[[str], bool],
         metrics: Metrics,

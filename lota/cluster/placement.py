@@ -3,8 +3,7 @@
 Each chunk of each object version has an owner (:mod:`lota.cluster.ownership`). For a
 chunk this node does not hold, the :class:`~lota.cache.route.Route` is:
 
-- owned here (or every owner is down): filled here from the origin, in one request with
-  the chunks after it that are also owned here, and kept;
+- owned here (or every owner is down): filled here from the origin and kept;
 - owned by another node: relayed from it as it arrives (its next owners, then the origin,
   when it fails), and kept here only once it is hot (:mod:`lota.cluster.hot`).
 
@@ -20,18 +19,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 
-from lota.cache import plan
 from lota.cache.fill import OriginReply
 from lota.cache.layout import chunk_count, chunk_length
-from lota.cache.route import Route, Warmed, warm_here
+from lota.cache.route import NodePlacement, OpenedChunk, Route, Warmed
 from lota.cache.service import ChunkService
-from lota.cache.source import ChunkSource
 from lota.cache.store import CachedObject
 from lota.cluster.cluster import OWNERS_ASKED, Cluster
 from lota.cluster.hot import Copies, HotChunks
-from lota.cluster.peers import OwnersSource
+from lota.cluster.peers import OwnersSource, PeerClient
 from lota.metrics import Metrics
 from lota.tasks import TaskGroup
 
@@ -39,6 +37,9 @@ log = logging.getLogger("lota.cluster")
 
 # Prefetch requests to other nodes in flight at once (read-ahead, bytes=0-0), per node.
 PREFETCHES = 64
+# A chunk asked of its owner is not asked again for this long (a reader's look-ahead
+# passes over each chunk several times).
+PREFETCH_MEMORY = 30.0
 ChunkId = tuple[str, str, str, int]
 
 
@@ -72,28 +73,60 @@ class HotCopies:
         return True
 
 
-class Clustered:
-    """Where one bucket's chunks come from on a node of a cluster."""
+class RemoteFills:
+    """Asking other processes (nodes, or workers of this node) to fill the chunks they own:
+    without waiting (prefetch; a chunk asked for is not asked again for
+    :data:`PREFETCH_MEMORY` seconds, as a reader's look-ahead passes over it several times),
+    or waiting for them (warm)."""
 
-    clustered = True
+    def __init__(self, peers: PeerClient, tasks: TaskGroup) -> None:
+        self.peers = peers
+        self._tasks = tasks
+        self._asked: OrderedDict[tuple[str, ChunkId], float] = OrderedDict()  # -> when
+        self._slots = asyncio.Semaphore(PREFETCHES)
+
+    def ask(self, member: str, obj: CachedObject, chunks: Sequence[int]) -> None:
+        m = obj.meta
+        now = time.monotonic()
+        asked = self._asked
+        while asked and next(iter(asked.values())) < now - PREFETCH_MEMORY:
+            asked.popitem(last=False)
+        wanted = [i for i in chunks if (member, (m.bucket, m.key, m.etag, i)) not in asked]
+        if wanted:
+            asked.update(((member, (m.bucket, m.key, m.etag, i)), now) for i in wanted)
+            self._tasks.start(self._ask(member, obj, wanted), f"prefetch {m.key}")
+
+    async def _ask(self, member: str, obj: CachedObject, chunks: list[int]) -> None:
+        async with self._slots:
+            await self.fill(member, obj, chunks)
+
+    async def fill(self, member: str, obj: CachedObject, chunks: Sequence[int]) -> Warmed:
+        m = obj.meta
+        return await self.peers.fill(member, m.bucket, m.key, m.etag, chunks)
+
+
+class Clustered:
+    """Where one bucket's chunks come from on a node of a cluster: chunks this node owns
+    are the node-local placement's (one process, or its workers), the others come from
+    their owner node."""
+
+    spread = True
 
     def __init__(
         self,
-        cache: ChunkService,
-        origin: ChunkSource,
+        local: NodePlacement,
         cluster: Cluster,
         hot: HotCopies,
-        tasks: TaskGroup,
+        fills: RemoteFills,
         metrics: Metrics,
     ) -> None:
-        self._cache = cache
-        self.origin = origin
+        self._local = local
+        self.origin = local.origin
+        self._cache = local.cache
         self._cluster = cluster
         self._hot = hot
-        self._tasks = tasks
+        self._fills = fills
         self._metrics = metrics
-        self._prefetching: set[ChunkId] = set()
-        self._prefetch_slots = asyncio.Semaphore(PREFETCHES)
 
     # -- who --------------------------------------------------------------------------
 
@@ -117,12 +150,14 @@ class Clustered:
     def route(self, obj: CachedObject, index: int, last: int) -> Route:
         asked = self._asked(obj, index)
         if not asked:
-            end = index
-            while end < last and not self._asked(obj, end + 1):
-                end += 1
-            return Route(self.origin, keep=True, last=end)
+            return self._local.route(obj, index, last)
         source = self._owners(asked)
         return Route(source, keep=self._hot.keep(obj, index), last=index)
+
+    async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
+        if self._asked(obj, index):
+            return None
+        return await self._local.open_elsewhere(obj, index)
 
     def _owners(self, asked: Sequence[str]) -> OwnersSource:
         peers = [self._cluster.peers.source(m) for m in asked]
@@ -132,24 +167,14 @@ class Clustered:
 
     def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:
         here, elsewhere = self._split(obj, indexes)
-        m = obj.meta
-        for first, last in plan.runs(here):
-            self._cache.fill(self.origin, m.bucket, m.key, first, last, obj)
+        if here:
+            self._local.prefetch(obj, here)
         for member, chunks in elsewhere.items():
-            wanted = [i for i in chunks if (m.bucket, m.key, m.etag, i) not in self._prefetching]
-            if wanted:
-                self._prefetching.update((m.bucket, m.key, m.etag, i) for i in wanted)
-                self._tasks.start(self._prefetch(member, obj, wanted), f"prefetch {m.key}")
+            self._fills.ask(member, obj, chunks)
 
-    async def _prefetch(self, member: str, obj: CachedObject, chunks: list[int]) -> None:
-        m = obj.meta
-        try:
-            async with self._prefetch_slots:
-                await self._cluster.peers.fill(member, m.bucket, m.key, m.etag, chunks)
-        finally:
-            self._prefetching.difference_update((m.bucket, m.key, m.etag, i) for i in chunks)
-
-    async def warm(self, bucket: str, key: str, known: CachedObject | None) -> Warmed:
+    async def warm(
+        self, bucket: str, key: str, known: CachedObject | None, size: int = -1
+    ) -> Warmed:
         obj = known
         if obj is None:
             learnt = await self._cache.learn(self.origin, bucket, key)
@@ -173,16 +198,14 @@ class Clustered:
         return done
 
     async def _warm_here(self, obj: CachedObject, chunks: list[int]) -> tuple[Warmed, list[int]]:
-        m = obj.meta
-        return await warm_here(self._cache, self.origin, m.bucket, m.key, obj, chunks), []
+        return await self._local.warm_chunks(obj, chunks), []
 
     async def _warm_on(
         self, member: str, obj: CachedObject, chunks: list[int]
     ) -> tuple[Warmed, list[int]]:
         """Warm `chunks` on their owner `member`; if it failed them and is down now, they
         are handed back, for the next owner."""
-        m = obj.meta
-        warmed = await self._cluster.peers.fill(member, m.bucket, m.key, m.etag, chunks)
+        warmed = await self._fills.fill(member, obj, chunks)
         if warmed.failed and not self._cluster.usable(member):
             warmed.failed = 0
             return warmed, chunks

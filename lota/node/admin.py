@@ -5,7 +5,7 @@
 ``GET /_lota/readyz``          200 while serving, 503 before start, before the cluster's
                                members are known, while this node's staging cannot take
                                writes (saying why), and once draining
-``GET /_lota/metrics``         Prometheus text
+``GET /_lota/metrics``         Prometheus text, summed over the node's workers
 ``POST /_lota/warm``           fill the cache with a prefix; progress as JSON lines
 ``GET|PUT /_lota/lifecycle/rules``  the lifecycle rules, versioned, as JSON (with a catalog,
                                a PUT replaces them on every node)
@@ -21,6 +21,7 @@ action they amount to.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -60,7 +61,10 @@ class Admin:
         lifecycle: LifecycleState,
         cache: CacheFeature,
         catalog: CatalogFeature,
+        node_metrics: Callable[[bytes], Awaitable[bytes]],
     ) -> None:
+        """`node_metrics`: the node's metrics from this process's (its workers' added)."""
+        self._node_metrics = node_metrics
         self._config = config
         self._auth = auth
         self._metrics = metrics
@@ -70,6 +74,11 @@ class Admin:
         self._catalog = catalog.catalog
         self._problem = catalog.problem
 
+    def ready(self) -> bool:
+        """Whether the node serves: started and not draining, its cache ready, its
+        staging taking writes."""
+        return self._drain.ready and self._cache.ready() and not self._problem()
+
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if path == "/_lota/healthz":
@@ -77,9 +86,10 @@ class Admin:
         if path == "/_lota/readyz":
             return self._readyz()
         if path == "/_lota/metrics":
-            return web.Response(
-                body=self._metrics.render(), content_type="text/plain", charset="utf-8"
-            )
+            own = self._metrics.render()
+            # ?worker=own: this worker's alone (what a sibling asks for, to add up).
+            body = own if "worker" in request.query else await self._node_metrics(own)
+            return web.Response(body=body, content_type="text/plain", charset="utf-8")
         if path.startswith(PEER_PREFIX):
             return await self._cache.peer(request)
         if path == "/_lota/warm" and request.method == "POST":
@@ -94,9 +104,9 @@ class Admin:
 
     def _readyz(self) -> web.Response:
         """200 "ready", or 503 "not ready" and, when it is known, why."""
-        problem = self._problem()
-        if self._drain.ready and self._cache.ready() and not problem:
+        if self.ready():
             return web.Response(text="ready\n")
+        problem = self._problem()
         return web.Response(
             text=f"not ready: {problem}\n" if problem else "not ready\n", status=503
         )

@@ -16,35 +16,17 @@ cancelled), then the catalog, the cache and the session close.
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import replace
 
 import aiohttp
 
 from lota.auth import Authenticator
-from lota.cache.fill import Filler
-from lota.cache.intake import WriteCache
-from lota.cache.plan import cacheable
-from lota.cache.reads import ReadPath
-from lota.cache.route import Alone, Placement
-from lota.cache.service import ChunkService
-from lota.cache.store import CacheError, CacheStore
-from lota.cache.warm import Warm
 from lota.catalog import Event, open_catalog
 from lota.clock import Clock
-from lota.cluster.cluster import Cluster
-from lota.cluster.endpoint import PeerEndpoint
-from lota.cluster.hot import Copies, HotChunks
-from lota.cluster.members import Membership
-from lota.cluster.peers import PeerClient, peer_session
-from lota.cluster.placement import ChunkId, Clustered, HotCopies
-from lota.cluster.signing import Verifier
 from lota.config import Config
 from lota.connections import connection_limits
-from lota.errors import StartupError
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.engine import Engine
 from lota.lifecycle.origin import OriginListing, OriginMover, OriginTags
@@ -53,6 +35,7 @@ from lota.lifecycle.state import RULES_DOCUMENT, LifecycleState
 from lota.logs import AccessLog
 from lota.metrics import LifecycleObserver, Metrics
 from lota.node.admin import Admin
+from lota.node.cache import build_cache
 from lota.node.features import CacheFeature, CatalogFeature
 from lota.node.front import Front
 from lota.node.invalidation import Invalidation, follow_events
@@ -62,19 +45,24 @@ from lota.regions.accelerate import Accelerator
 from lota.regions.control import ControlPlane
 from lota.regions.migrator import Migrator
 from lota.regions.origin import POOL_SIZE
-from lota.regions.origin_pages import origin_pages
 from lota.regions.origins import Origins
-from lota.regions.source import OriginSource
 from lota.regions.staging import Staging
 from lota.regions.writes import RegionalRouter
 from lota.tasks import TaskGroup
+from lota.workers.metrics import merge
+from lota.workers.node import Siblings
+from lota.workers.node import siblings as sibling_sessions
+from lota.workers.spec import WorkerSpec
 
 
 @asynccontextmanager
-async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIterator[Node]:
+async def build_node(
+    config: Config, *, clock: Clock | None = None, worker: WorkerSpec | None = None
+) -> AsyncIterator[Node]:
     """The node `config` describes, every part open, ready to :meth:`Node.start`; its parts
     close when the block ends. `clock` drives cache ages, leases and lifecycle decisions
-    (default: the process clock, which ``LOTA_TIME_OFFSET`` shifts)."""
+    (default: the process clock, which ``LOTA_TIME_OFFSET`` shifts). `worker`: this
+    process is one of the node's workers (:mod:`lota.workers`)."""
     clock = clock or Clock.from_environment()
     limits = connection_limits(config)  # raises the descriptor limit before files open
     metrics = Metrics()
@@ -91,20 +79,31 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
         stack.callback(access_log.flush)
         session = await stack.enter_async_context(_origin_session(config))
         origins = Origins(config, session, metrics)
+        siblings = None
+        if worker is not None and worker.count > 1:
+            siblings = await stack.enter_async_context(sibling_sessions(worker))
         control = ControlPlane(config, metrics)
         stack.push_async_callback(control.close)
         cache = CacheFeature.off()
         if config.cache.dirs:
             restores = Restores(config.lifecycle, tasks, origins.for_bucket)
             cache = await stack.enter_async_context(
-                build_cache(config, clock, metrics, fills, origins, restores.start)
+                build_cache(config, clock, metrics, fills, origins, restores.start, siblings)
             )
         catalog = CatalogFeature.off()
         if config.catalog.url:
+            # The migrator and the lifecycle engine run in one worker of a node.
+            engines = worker is None or worker.index == 0
             catalog = await stack.enter_async_context(
-                build_catalog(config, clock, metrics, origins, control, tasks, lifecycle, cache)
+                build_catalog(
+                    config, clock, metrics, origins, control, tasks, lifecycle, cache, engines
+                )
             )
         stack.push_async_callback(_stop_work, drain, catalog, fills, tasks)
+        admin = Admin(
+            config, auth, metrics, drain, lifecycle, cache, catalog, node_metrics(siblings)
+        )
+        metrics.ready.set_function(lambda: float(admin.ready()))
         front = Front(
             domain=config.domain,
             body_timeout=config.body_timeout,
@@ -112,13 +111,13 @@ async def build_node(config: Config, *, clock: Clock | None = None) -> AsyncIter
             metrics=metrics,
             access_log=access_log,
             drain=drain,
-            admin=Admin(config, auth, metrics, drain, lifecycle, cache, catalog),
+            admin=admin,
             passthrough=PassThrough(origins, config.body_timeout),
             cache=cache,
             catalog=catalog,
             invalidation=Invalidation(cache, catalog),
         )
-        node = Node(config, front.handle, drain, limits, metrics)
+        node = Node(config, front.handle, drain, limits, metrics, worker)
         drain.ready = True
         yield node
 
@@ -136,6 +135,17 @@ async def _stop_work(
     await tasks.close()
 
 
+def node_metrics(siblings: Siblings | None) -> Callable[[bytes], Awaitable[bytes]]:
+    """The node's metrics from this worker's (`own`): its siblings' added in."""
+
+    async def render(own: bytes) -> bytes:
+        if siblings is None:
+            return own
+        return merge([own, *await siblings.metrics()])
+
+    return render
+
+
 def _origin_session(config: Config) -> aiohttp.ClientSession:
     """The node's one HTTP session to every origin."""
     return aiohttp.ClientSession(
@@ -146,146 +156,6 @@ def _origin_session(config: Config) -> aiohttp.ClientSession:
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
     )
-
-
-# -- The cache components ---------------------------------------------------------------
-# CacheStore, Filler, ChunkService, ReadPath, Deliverer (inside ReadPath), the sources,
-# placements, the cluster's parts and Warm are constructed here and nowhere else: a change
-# to their constructors is made in these functions.
-
-
-@asynccontextmanager
-async def build_cache(
-    config: Config,
-    clock: Clock,
-    metrics: Metrics,
-    fills: TaskGroup,
-    origins: Origins,
-    on_archived: Callable[[str, str], None],
-) -> AsyncIterator[CacheFeature]:
-    """The node's read cache, open (``StartupError`` when a cache dir is in use or
-    unusable: nothing to serve without it), with its cluster if it is in one; closed on
-    exit."""
-    c = config.cache
-    async with AsyncExitStack() as stack:
-        store = await stack.enter_async_context(_open_store(config, clock))
-        # The index just loaded is long-lived: keep the collector from rescanning it.
-        gc.freeze()
-        metrics.watch_store(store)
-        service = ChunkService(store, Filler(store, c.chunk_size, metrics, clock, fills))
-        # Each region's origin is the source of its buckets' chunks. Alone, a node keeps
-        # them all; in a cluster, each chunk's owner does.
-        sources = {name: OriginSource(origin, metrics) for name, origin in origins.items()}
-        alone = {name: Alone(service, source) for name, source in sources.items()}
-        placements: Mapping[str, Placement] = alone
-        cluster = None
-        if config.cluster.on:
-            cluster = await stack.enter_async_context(build_cluster(config, metrics))
-            hot = HotCopies(
-                HotChunks(config.cluster.hot_reads, config.cluster.hot_window),
-                Copies[ChunkId](int(config.cluster.hot_share * c.size)),
-                service,
-                metrics,
-            )
-            placements = {
-                name: Clustered(service, source, cluster, hot, fills, metrics)
-                for name, source in sources.items()
-            }
-
-        def placement_for(bucket: str) -> Placement:
-            return placements[origins.for_bucket(bucket).region.name]
-
-        def alone_for(bucket: str) -> Alone:
-            return alone[origins.for_bucket(bucket).region.name]
-
-        reads = ReadPath(service, placement_for, c, clock, metrics)
-        stack.callback(reads.close)
-        if config.lifecycle.restore_on_read:
-            reads.on_archived = on_archived
-
-        async def keys(bucket: str, prefix: str) -> AsyncGenerator[list[tuple[str, int]], None]:
-            async for page in origin_pages(origins.for_bucket(bucket), bucket, prefix):
-                yield [(e.key, e.size) for e in page]
-
-        def warm(bucket: str, prefix: str, may_read: Callable[[str], bool], n: int) -> Warm:
-            return Warm(
-                service,
-                placement_for(bucket),
-                keys(bucket, prefix),
-                bucket,
-                prefix,
-                may_read=may_read,
-                metrics=metrics,
-                concurrency=n,
-            )
-
-        def cached_etag(bucket: str, key: str) -> str:
-            obj = service.lookup(bucket, key)
-            return obj.meta.etag if obj is not None else ""
-
-        feature = CacheFeature(
-            on=True,
-            cacheable=cacheable,
-            serve=reads.serve,
-            invalidate=service.invalidate,
-            warm=warm,
-            cached_etag=cached_etag,
-            writes=WriteCache(service, reads.serve_version, metrics.cache_written_bytes),
-        )
-        if cluster is not None:
-            verifier = Verifier(config.cluster.secret.encode())
-            endpoint = PeerEndpoint(verifier, service, reads.deliverer, alone_for, metrics)
-            feature = replace(
-                feature,
-                peer=endpoint.handle,
-                tell_peers=cluster.invalidate,
-                ready=cluster.is_ready,
-            )
-        yield feature
-
-
-@asynccontextmanager
-async def _open_store(config: Config, clock: Clock) -> AsyncIterator[CacheStore]:
-    c = config.cache
-    store = CacheStore(
-        c.dirs,
-        c.size,
-        c.chunk_size,
-        clock=clock,
-        verify=c.verify,
-        pinned=c.pinned,
-        fsync=c.fsync,
-        scrub_interval=c.scrub_interval,
-        high_watermark=c.high_watermark,
-        low_watermark=c.low_watermark,
-    )
-    try:
-        await store.open()
-    except CacheError as exc:
-        raise StartupError(str(exc)) from exc
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-@asynccontextmanager
-async def build_cluster(config: Config, metrics: Metrics) -> AsyncIterator[Cluster]:
-    """This node's part in its cluster: the members read once (a static list is ready at
-    once), then refreshed by a task of its own; the peers' session closes on exit."""
-    c = config.cluster
-    scheme = "https" if config.tls_cert else "http"
-    async with peer_session(c.timeout, config.origin_timeout) as session:
-        membership = Membership(c.self, c.grace)
-        peers = PeerClient(c.self, c.secret.encode(), membership, session, metrics, scheme=scheme)
-        cluster = Cluster(c, peers, metrics)
-        await cluster.refresh()
-        tasks = TaskGroup("cluster")
-        tasks.start(cluster.run(), "refresh")
-        try:
-            yield cluster
-        finally:
-            await tasks.close()
 
 
 # -- The catalog ------------------------------------------------------------------------
@@ -302,10 +172,11 @@ async def build_catalog(
     tasks: TaskGroup,
     lifecycle: LifecycleState,
     cache: CacheFeature,
+    engines: bool = True,
 ) -> AsyncIterator[CatalogFeature]:
-    """The catalog, with write acceleration, the migrator, the invalidation follower, the
-    access recorder and the lifecycle engine started as `tasks`; closed on exit (the
-    tasks must be stopped by then)."""
+    """The catalog, with write acceleration, the invalidation follower, the access
+    recorder, and (with `engines`) the migrator and the lifecycle engine started as
+    `tasks`; closed on exit (the tasks must be stopped by then)."""
     w = config.write
     catalog = await open_catalog(config.catalog.url, clock=clock, node=config.node)
     try:
@@ -325,7 +196,8 @@ async def build_catalog(
             await _check_staging(accelerator, w.create_staging, tasks)
         router = RegionalRouter(config, catalog, accelerator, origins)
         migrator = Migrator(catalog, staging, origins.for_bucket, control, w, metrics, clock)
-        tasks.start(migrator.run(), "migrator")
+        if engines:
+            tasks.start(migrator.run(), "migrator")
         lifecycle.share(catalog)
         await lifecycle.load()
 
@@ -346,7 +218,7 @@ async def build_catalog(
             observer=LifecycleObserver(metrics),
             tags=OriginTags(control),
         )
-        if config.lifecycle.interval > 0:
+        if engines and config.lifecycle.interval > 0:
             tasks.start(engine.run_forever(), "lifecycle")
         yield CatalogFeature(
             on=True,

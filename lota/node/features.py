@@ -70,8 +70,11 @@ class CacheFeature:
     warm: WarmFactory
     peer: Handler = _no_cluster
     """Answer another node of the cluster (``/_lota/peer/``; :mod:`lota.cluster.endpoint`)."""
-    tell_peers: Callable[[str, list[str]], Awaitable[None]] = _tell_nobody
-    """Have every other node of the cluster drop its cached copies of these keys."""
+    tell_siblings: Callable[[str, list[str]], Awaitable[None]] = _tell_nobody
+    """Have the other workers of this node drop their cached copies of these keys."""
+    tell_nodes: Callable[[str, list[str]], Awaitable[None]] = _tell_nobody
+    """Have every other node of the cluster drop its cached copies of these keys (when no
+    catalog carries the news)."""
     ready: Callable[[], bool] = _always
     """Whether the cache can serve: its index is loaded, and in a cluster the members are
     known."""

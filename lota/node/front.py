@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from lota.auth import Authenticator, Authorized, Refused
 from lota.auth.body import BodyDecoder
 from lota.auth.sigv4 import RequestView
+from lota.cluster.signing import FROM
 from lota.http import BodyWriter
 from lota.logs import AccessLog
 from lota.metrics import Metrics
@@ -38,6 +41,7 @@ from lota.s3.addressing import Target, is_admin, parse_target
 from lota.s3.errors import S3Error
 from lota.s3.operations import Op, object_arn
 from lota.s3.xml import DeleteEntry, DeleteRequest, delete_result, merge_result, parse_delete
+from lota.workers.node import is_sibling
 
 log = logging.getLogger("lota.node")
 # Operations counted by the x-lota-cache header of their response (lota_cache_requests).
@@ -46,6 +50,25 @@ _READS = frozenset({Op.GET_OBJECT, Op.HEAD_OBJECT})
 ACCESSES = frozenset({Op.GET_OBJECT, Op.PUT_OBJECT, Op.COPY_OBJECT, Op.COMPLETE_MULTIPART_UPLOAD})
 # S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
 DELETE_BODY_LIMIT = 2 * 1024 * 1024
+
+
+def _admin_operation(request: web.BaseRequest) -> Op:
+    """LOTA's own call: a peer's (another node's, or another worker's: its signature is
+    checked by the peer endpoint, this only names it), or an admin call."""
+    if not request.path.startswith(PEER_PREFIX):
+        return Op.ADMIN
+    return Op.SIBLING if is_sibling(request.headers.get(FROM, "")) else Op.PEER
+
+
+def _client_bytes(m: Metrics) -> Counter:
+    return m.bytes_out
+
+
+# Bytes sent to other processes of LOTA are not client bytes.
+_BYTES_OUT: dict[str, Callable[[Metrics], Counter]] = {
+    Op.PEER: lambda m: m.peer_bytes_out,
+    Op.SIBLING: lambda m: m.worker_bytes_out,
+}
 
 
 class Front:
@@ -88,7 +111,7 @@ class Front:
         """Answer one request; never raises except to abort a response already started."""
         ctx = RequestContext()
         if is_admin(request.host, request.raw_path, self._domain):
-            ctx.operation = Op.PEER if request.path.startswith(PEER_PREFIX) else Op.ADMIN
+            ctx.operation = _admin_operation(request)
         drain = self._drain
         drain.inflight += 1
         try:
@@ -111,7 +134,7 @@ class Front:
         elapsed = time.perf_counter() - ctx.started
         received = request.content.total_bytes
         m = self._metrics
-        (m.peer_bytes_out if ctx.operation == Op.PEER else m.bytes_out).inc(sent.body_size)
+        _BYTES_OUT.get(ctx.operation, _client_bytes)(m).inc(sent.body_size)
         if received:
             m.bytes_in.inc(received)
         if sent.status:  # else nothing went out: the client left, or a shutdown cut it short
@@ -149,7 +172,7 @@ class Front:
             probe = ctx.operation == Op.ADMIN and request.path in PROBES
             if self._drain.draining and not probe:
                 return self._refuse_while_draining(request, ctx)
-            if ctx.operation in (Op.ADMIN, Op.PEER):
+            if ctx.operation in (Op.ADMIN, Op.PEER, Op.SIBLING):
                 return await self._admin.handle(request)
             return await self._s3(request, ctx)
         except (asyncio.CancelledError, ConnectionError):
@@ -185,10 +208,13 @@ class Front:
         if request.headers.get("expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if not read:
-            # An accelerated write replaces this node's cached copy itself (with the bytes
-            # it kept as they were written): see lota.regions.accelerate.
+            # An accelerated write replaces this worker's cached copy itself (with the
+            # bytes it kept as they were written: see lota.regions.accelerate); the other
+            # workers of the node drop theirs.
             routed = await self._router.handle(request, target, authorized.operation, decoder)
             if routed is not None:
+                if ctx.operation in INVALIDATING:
+                    await self._invalidation.drop_in_siblings(target.bucket, [target.key])
                 return routed
         if ctx.operation == Op.DELETE_OBJECTS:
             return await self._delete_objects(request, target, authorized, decoder)

@@ -1,7 +1,8 @@
 """Write invalidation: a write through LOTA drops the cached copies it makes stale.
 
-* On this node, at once: the addressed keys' cached copies, before a write is sent on
-  and again after it (a read that crossed the write may have cached the old version).
+* On this node, at once: the addressed keys' cached copies, in this worker and its
+  sibling workers, before a write is sent on and again after it (a read that crossed the
+  write may have cached the old version).
 * On the other nodes, through the catalog: an ``INVALIDATE`` event per key, which each
   node's :func:`follow_events` turns into a local drop. Accelerated writes need no event
   of their own: the catalog commit publishes one, and on the writing node the bytes kept
@@ -43,17 +44,23 @@ class Invalidation:
         self._catalog_on = catalog.on
 
     async def drop_cached(self, bucket: str, keys: list[str]) -> None:
-        """Drop this node's cached copies (accelerated writes: the catalog's own events tell
-        the other nodes)."""
+        """Drop this node's cached copies, in every worker (accelerated writes: the
+        catalog's own events tell the other nodes)."""
         for key in keys:
             await self._cache.invalidate(bucket, key)
+        await self._cache.tell_siblings(bucket, keys)
+
+    async def drop_in_siblings(self, bucket: str, keys: list[str]) -> None:
+        """Drop the cached copies the node's other workers hold (an accelerated write
+        replaced this worker's itself)."""
+        await self._cache.tell_siblings(bucket, keys)
 
     async def invalidate(self, bucket: str, keys: list[str]) -> None:
         """Drop cached copies of objects a write changes (before and after it), here and,
         through the catalog, on every other node."""
         await self.drop_cached(bucket, keys)
         if not self._catalog_on:
-            await self._cache.tell_peers(bucket, keys)
+            await self._cache.tell_nodes(bucket, keys)
         for key in keys:
             await self._catalog.publish(EventKind.INVALIDATE, bucket, key)
 

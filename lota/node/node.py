@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -30,6 +31,7 @@ from lota.errors import StartupError
 from lota.metrics import Metrics
 from lota.node.listener import MAX_REQUEST_LINE, S3Server, ssl_context
 from lota.node.requests import next_request_id
+from lota.workers.spec import WorkerSpec
 
 log = logging.getLogger("lota.node")
 
@@ -91,10 +93,12 @@ class Node:
         drain: Drain,
         limits: ConnectionLimits,
         metrics: Metrics,
+        worker: WorkerSpec | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self._drain = drain
+        self._worker = worker
         server = S3Server(
             handler,
             limits=limits,
@@ -114,7 +118,15 @@ class Node:
         await self._runner.setup()
         host, port = self.config.listen_address
         ssl = ssl_context(self.config)
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl, backlog=1024)
+        worker = self._worker
+        site: web.TCPSite | web.SockSite
+        if worker is None:
+            site = web.TCPSite(self._runner, host, port, ssl_context=ssl, backlog=1024)
+        else:
+            # The supervisor's socket for this worker; and one for its siblings' calls.
+            listening = socket.socket(fileno=worker.listen_fd)
+            site = web.SockSite(self._runner, listening, ssl_context=ssl)
+            await web.UnixSite(self._runner, worker.http_socket(worker.index)).start()
         try:
             await site.start()
         except OSError as exc:
@@ -144,7 +156,7 @@ class Node:
         log.info("stopped")
 
 
-def _bound_url(site: web.TCPSite, config: Config) -> str:
+def _bound_url(site: web.TCPSite | web.SockSite, config: Config) -> str:
     host, port = bound_address(site)
     scheme = "https" if config.tls_cert else "http"
     return f"{scheme}://{host if ':' not in host else f'[{host}]'}:{port}"

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from yarl import URL
 
+from lota.aiohttp_internals import extend_read_timeout
 from lota.auth.sigv4 import sign_headers
 from lota.clock import Clock
 from lota.config import RegionConfig
@@ -59,6 +60,7 @@ class OriginClient:
         self._body_read_timeout = body_read_timeout
         self._session = session
         self._metrics = metrics
+        metrics.origin_errors.labels(region.name)  # a first failure is a rise from 0
         self._clock = clock
         self._endpoint = region.endpoint.rstrip("/")
         self._host = urlsplit(self._endpoint).netloc
@@ -124,26 +126,13 @@ class OriginClient:
             self._metrics.origin_errors.labels(self.region.name).inc()
             log.warning("origin %s unreachable: %s %s: %r", self.region.name, method, url, exc)
             raise OriginError(f"origin {self.region.name} unreachable: {exc!r}") from exc
-        self._extend_read_timeout(response)
+        extend_read_timeout(response, self._body_read_timeout)
         self._metrics.origin_seconds.labels(self.region.name).observe(time.perf_counter() - started)
         self._metrics.origin_requests.labels(self.region.name, method, str(response.status)).inc()
         try:
             yield response
         finally:
             response.release()
-
-    def _extend_read_timeout(self, response: aiohttp.ClientResponse) -> None:
-        """The head is in: give the body its own, longer wait between bytes (aiohttp does
-        the same for a websocket after its handshake)."""
-        connection = response.connection  # None once the whole body is in
-        if connection is None or connection.protocol is None:
-            return
-        connection.protocol.read_timeout = self._body_read_timeout
-        # The timer armed by the last read still has the short wait: restart it. While
-        # reading is paused (the consumer is behind) there is none; resuming arms the new one.
-        transport = connection.transport
-        if transport is not None and transport.is_reading():
-            connection.protocol.start_timeout()
 
 
 async def _guarded(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:

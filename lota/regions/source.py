@@ -35,7 +35,11 @@ class OriginSource:
         self, bucket: str, key: str, *, part: int | None = None, if_none_match: str = ""
     ) -> AsyncIterator[OriginResponse]:
         query = [] if part is None else [("partNumber", str(part))]
-        headers = {"if-none-match": if_none_match} if if_none_match else {}
+        # The whole object's checksums come with a HEAD only when asked for; a ranged GET
+        # never has them, so this is where the cache learns them.
+        headers = {"x-amz-checksum-mode": "ENABLED"}
+        if if_none_match:
+            headers["if-none-match"] = if_none_match
         async with self.origin.request(
             "HEAD", bucket, key, query=query, headers=headers
         ) as response:

@@ -58,6 +58,7 @@ class Op(StrEnum):
     # Not S3's: LOTA's own /_lota/ calls, and a request that failed before it had a name.
     ADMIN = "Admin"
     PEER = "Peer"  # another node of the cluster asking (/_lota/peer/)
+    SIBLING = "Sibling"  # another worker of this node asking (/_lota/peer/, Unix socket)
     UNKNOWN = "Unknown"
 
 

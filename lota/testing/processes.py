@@ -78,7 +78,8 @@ class LotaProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--listen", f"127.0.0.1:{self.port}", *args]
         self.log_path = log_path
-        self.env = {**os.environ, **ORIGIN_KEYS, **(env or {})}
+        # One process per node unless a test asks for workers (the default is one per CPU).
+        self.env = {**os.environ, **ORIGIN_KEYS, "LOTA_WORKERS": "1", **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0, *, ready: bool = True) -> LotaProcess:

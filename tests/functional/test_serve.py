@@ -37,6 +37,14 @@ def test_probes_and_prometheus_metrics(lota: LotaProcess, s3: Any, bucket: str) 
     assert 'lota_origin_seconds_count{region="us-east"}' in metrics
     assert "lota_bytes_in_total" in metrics
     assert f'lota_build_info{{version="{__version__}"}} 1.0' in metrics.splitlines()
+    assert "lota_ready 1.0" in metrics.splitlines()
+    # Counters alerts take rate() of start at 0, so that their first event shows as a rise.
+    for zero in (
+        'lota_origin_errors_total{region="us-east"}',
+        'lota_peer_fallbacks_total{to="origin"}',
+        'lota_lifecycle_transitions_total{tier="archive"}',
+    ):
+        assert f"{zero} 0.0" in metrics.splitlines()
     assert not [line for line in metrics.splitlines() if "_created" in line]
 
 
@@ -171,6 +179,7 @@ async def test_after_sigterm_readyz_answers_503_while_a_slow_request_drains(
         await asyncio.sleep(0.3)
         probes = await asyncio.to_thread(_probe, node.url, "/_lota/readyz", "/_lota/healthz")
         assert probes == [(503, b"not ready\n"), (200, b"ok\n")]
+        assert "lota_ready 0.0" in (await asyncio.to_thread(node.metrics)).splitlines()
         # A new S3 request during the drain: 503, and the connection is not kept.
         with pytest.raises(s3.exceptions.ClientError) as err:
             await asyncio.to_thread(s3.list_objects_v2, Bucket="drain")

@@ -103,7 +103,7 @@ async def test_waiters_of_a_cold_fill_get_an_error_not_a_hang(filler: Filler) ->
     assert filler.start(origin, "b", "k", 0, None) is job
     with pytest.raises(OriginError):
         await asyncio.wait_for(asyncio.shield(job.result), 5)
-    await asyncio.wait_for(job.done.wait(), 5)
+    await asyncio.wait_for(job.ended, 5)
     assert filler.cold_job("b", "k") is None
     assert origin.requests == 1
 
@@ -126,14 +126,14 @@ async def test_readers_following_chunk_fills_are_released(filler: Filler) -> Non
         assert fill is not None
         await asyncio.wait_for(fill.wait(), 5)
         assert fill.finished and fill.failed
-    await asyncio.wait_for(job.done.wait(), 5)
+    await asyncio.wait_for(job.ended, 5)
     assert [filler.fill_for(obj, i) for i in range(3)] == [None, None, None]
     with pytest.raises(OriginError):
         job.result.result()
 
 
 async def _filled(filler: Filler, job: Any) -> CachedObject:
-    await asyncio.wait_for(job.done.wait(), 5)
+    await asyncio.wait_for(job.ended, 5)
     obj = job.result.result()
     assert isinstance(obj, CachedObject)
     return obj

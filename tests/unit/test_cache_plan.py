@@ -81,21 +81,25 @@ def test_a_copy_is_served_stale_within_stale_if_error_past_revalidate_after() ->
 # -- misses ---------------------------------------------------------------------------------
 
 
-def test_a_cold_read_asks_for_the_chunks_its_range_needs_in_one_request() -> None:
+def test_a_cold_read_asks_for_the_first_chunk_it_needs_and_learns_the_size() -> None:
+    """The chunks after the first are fetched in parallel as the reader goes (the answer
+    says how many there are)."""
+
     def fetch(range_header: str, method: str = "GET", part: int | None = None) -> ColdFetch:
         return plan.cold_fetch(method, range_header, part, CS)
 
-    assert fetch("") == ColdFetch() and fetch("").byte_range(CS) == ""
+    assert fetch("") == ColdFetch(0, 0, whole=True)
+    assert fetch("").byte_range(CS) == f"bytes=0-{CS - 1}"
     assert fetch("bytes=0-9") == ColdFetch(0, 0)
     assert fetch("bytes=0-9").byte_range(CS) == f"bytes=0-{CS - 1}"
-    assert fetch(f"bytes={CS - 5}-{CS + 5}") == ColdFetch(0, 1)
-    assert fetch(f"bytes={2 * CS}-") == ColdFetch(2, None)
-    assert fetch(f"bytes={2 * CS}-").byte_range(CS) == f"bytes={2 * CS}-"
+    assert fetch(f"bytes={CS - 5}-{CS + 5}") == ColdFetch(0, 0)
+    assert fetch(f"bytes={2 * CS}-") == ColdFetch(2, 2)
+    assert ColdFetch(2, None).byte_range(CS) == f"bytes={2 * CS}-"
     # A suffix: one GET of enough of the tail to hold its whole chunks (no HEAD first).
     assert fetch("bytes=-7") == ColdFetch(suffix=7 + CS - 1)
     assert fetch("bytes=-7").byte_range(CS) == f"bytes=-{7 + CS - 1}"
     # S3 ignores a range it cannot read: the whole object.
-    assert fetch("bytes=5-2") == fetch("bytes=0-1,3-4") == ColdFetch()
+    assert fetch("bytes=5-2") == fetch("bytes=0-1,3-4") == fetch("")
     # Only the metadata: a HEAD, a part (its bounds are not known yet), an empty suffix.
     assert fetch("", method="HEAD").head
     assert fetch("bytes=0-9", part=2).head

@@ -4,11 +4,13 @@ an index row. Plain data: no I/O."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lota.cache.index import ObjectRow
 from lota.cache.layout import chunk_count
+
+_CHECKSUM = "x-amz-checksum-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,18 @@ class ObjectMeta:
     def same_object(self, other: ObjectMeta) -> bool:
         """Whether `other` describes the same bytes (so cached chunks stay valid)."""
         return (self.etag, self.version_id, self.size) == (other.etag, other.version_id, other.size)
+
+    def updated_by(self, newer: ObjectMeta) -> ObjectMeta:
+        """`newer` (of the same object), keeping what it could not know: the whole object's
+        checksums (a ranged answer has none; a HEAD or a whole GET gave them) and the part
+        bounds learnt so far."""
+        has = {name for name, _ in newer.headers}
+        kept = tuple(h for h in self.headers if h[0].startswith(_CHECKSUM) and h[0] not in has)
+        if kept:
+            newer = replace(newer, headers=(*newer.headers, *kept))
+        if self.parts and not newer.parts:
+            newer = replace(newer, parts=self.parts)
+        return newer
 
 
 class CachedObject:

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from lota.cache.files import ChunkFiles, DirLocked
+from lota.cache.files import ChunkFiles, DirLocked, in_use, unusable
 from lota.cache.index import Index
 from lota.cache.layout import new_stem
 from lota.cache.store.budget import Budget
@@ -227,12 +227,10 @@ class CacheStore:
             lock = await self._io.call(self._files.lock, root, on_orphan=os.close)
             self._budget.drives[d].lock = lock
         except DirLocked as exc:
-            raise CacheDirInUse(
-                f"cache directory {root} is in use by {exc.holder} (lock {exc.lock})"
-            ) from exc
+            raise CacheDirInUse(in_use(root, exc)) from exc
         except OSError as exc:
             if d == 0:
-                raise CacheError(f"cannot use cache directory {root}: {exc}") from exc
+                raise CacheError(unusable(root, exc)) from exc
             self._counts["write_errors"] += 1
             log.warning("cache dir %s is unusable (%s): not using it until restart", root, exc)
 
@@ -278,7 +276,8 @@ class CacheStore:
 
     async def admit(self, meta: ObjectMeta, since: int | None = None) -> CachedObject:
         """Insert or refresh the entry for `meta`. The same ETag/version keeps the chunks and
-        takes the new metadata (validated_at, parts, headers); another one replaces them.
+        takes the new metadata (validated_at, parts, headers; checksums and parts it lacks
+        are kept: see :meth:`ObjectMeta.updated_by`); another one replaces them.
 
         `since` is :attr:`epoch` as it was when the origin was asked for `meta`: if anything
         was invalidated since, `meta` may predate a write, so the entry is checked with the
@@ -289,7 +288,7 @@ class CacheStore:
             meta = replace(meta, validated_at=0.0)
         current = self.lookup(meta.bucket, meta.key)
         if current is not None and current.meta.same_object(meta):
-            current.meta = meta
+            current.meta = current.meta.updated_by(meta)
             self._index.put_object(object_row(current))
             return current
         if current is not None:

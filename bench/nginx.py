@@ -1,0 +1,332 @@
+"""LOTA against nginx's proxy_cache, hits only, on the same machine in one run.
+
+Both in front of the same origin (:mod:`bench.origin`: files sent with sendfile):
+
+- LOTA: ``lota serve`` with its default workers (one per CPU here), SigV4 on, one cache;
+- nginx (Debian's package): 2 worker processes, ``proxy_cache`` with ``slice 8m`` (the
+  cache key is the path and the slice, so a presigned URL's query does not split it),
+  sendfile on, no access log. The bench writes its config and starts it.
+
+Every object is read once through each before timing (a cold fill, untimed). Then, with
+the lean load generator (:mod:`bench.loadgen`, in its own process): 64 KiB hits at
+concurrency 16 and 64, over hot sets of 1,000 and 20,000 distinct objects, each read
+through its own presigned SigV4 URL (nginx gets the same URLs); and 1 GiB hits with one
+and four ``curl`` clients. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx.
+
+    python -m bench.nginx                 # ~3 minutes
+    python -m bench.nginx --requests 5000 --sets 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config as BotoConfig
+
+from bench.common import percentiles, save, table
+from bench.latency import run_cell
+from bench.loadgen import get_request
+from bench.origin import FileOrigin
+from bench.throughput import streams
+from lota.testing.credentials import PRINCIPALS, write_credentials
+from lota.testing.processes import LotaProcess, free_port
+
+KiB, MiB, GiB = 1024, 1024 * 1024, 1024**3
+BUCKET = "bench-nginx"
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+NGINX_CONF = """
+{user}
+worker_processes 2;
+daemon off;
+error_log {root}/error.log warn;
+pid {root}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    sendfile on;
+    keepalive_requests 1000000;
+    proxy_cache_path {root}/cache levels=1:2 keys_zone=lota:64m max_size=20g
+                     inactive=1d use_temp_path=off;
+    upstream origin {{ server 127.0.0.1:{origin_port}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        location / {{
+            slice 8m;
+            proxy_cache lota;
+            proxy_cache_key $uri$slice_range;
+            proxy_set_header Range $slice_range;
+            proxy_cache_valid 200 206 1d;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass http://origin;
+        }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    """nginx with a proxy cache in front of `origin_port`, in its own directory."""
+
+    def __init__(self, root: Path, origin_port: int) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        root.mkdir(parents=True, exist_ok=True)
+        self.conf = root / "nginx.conf"
+        user = "user root;" if os.geteuid() == 0 else ""  # else its workers cannot write here
+        self.conf.write_text(
+            NGINX_CONF.format(user=user, root=root, origin_port=origin_port, port=self.port)
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Nginx:
+        self.proc = subprocess.Popen([NGINX, "-c", str(self.conf), "-p", str(self.root)])
+        deadline = time.monotonic() + 10
+        while not _answers(self.port):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError((self.root / "error.log").read_text()[-2000:])
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def pids(self) -> list[int]:
+        """The master and its workers (for their CPU time)."""
+        assert self.proc is not None
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        return [self.proc.pid, *map(int, children.split())]
+
+
+def _answers(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+    except OSError:
+        return False
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def lota_pids(node: LotaProcess) -> list[int]:
+    assert node.proc is not None
+    pid = node.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [pid, *map(int, children.split())]
+
+
+def write_objects(root: Path, count: int) -> list[str]:
+    folder = root / BUCKET / "small"
+    folder.mkdir(parents=True)
+    block = os.urandom(64 * KiB + count)
+    keys = []
+    for i in range(count):
+        (folder / f"{i:05d}.bin").write_bytes(block[i : i + 64 * KiB])
+        keys.append(f"small/{i:05d}.bin")
+    big = root / BUCKET / "big.bin"
+    with big.open("wb") as f:
+        chunk = os.urandom(16 * MiB)
+        for _ in range(GiB // len(chunk)):
+            f.write(chunk)
+    return keys
+
+
+def presigner(url: str) -> Any:
+    access, secret, _ = PRINCIPALS["admin"]
+    return boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id=access,
+        aws_secret_access_key=secret,
+        region_name="us-east-1",
+        config=BotoConfig(signature_version="s3v4"),
+    )
+
+
+def urls_for(base: str, keys: list[str]) -> list[str]:
+    """A presigned URL per key; for nginx, LOTA's URLs moved to nginx's port."""
+    s3 = presigner(base)
+    params = [{"Bucket": BUCKET, "Key": k} for k in keys]
+    return [str(s3.generate_presigned_url("get_object", p, 7200)) for p in params]
+
+
+async def cell(
+    pool: ProcessPoolExecutor, urls: list[str], count: int, concurrency: int, pids: list[int]
+) -> dict[str, Any]:
+    warm = [get_request(u) for u in urls[: max(2 * concurrency, 256)]]
+    timed = [get_request(urls[i % len(urls)]) for i in range(count)]
+    cpu = cpu_seconds(pids)
+    loop = asyncio.get_running_loop()
+    out = await loop.run_in_executor(pool, run_cell, warm, timed, concurrency, 64 * KiB)
+    used = cpu_seconds(pids) - cpu
+    n = len(out["samples"])
+    return {
+        "n": n,
+        "errors": out["errors"],
+        "req_per_s": n / out["wall_s"],
+        "cpu_us_per_req": used / max(n, 1) * 1e6,
+        **percentiles(out["samples"]),
+    }
+
+
+async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    root = work / "origin"
+    keys = write_objects(root, max(args.sets))
+    out: dict[str, Any] = {"small": [], "big": []}
+    context = multiprocessing.get_context("spawn")
+    with FileOrigin(root) as origin, Nginx(work / "nginx", origin.port) as nginx:
+        credentials = write_credentials(work / "credentials.toml")
+        config = work / "lota.toml"
+        config.write_text(
+            f'[cache]\ndirs = ["{work / "lota-cache"}"]\nsize = "20GiB"\n'
+            'revalidate_after = "1h"\n'
+            f'[auth]\ncredentials = "{credentials}"\n'
+            f'[regions.us-east]\nendpoint = "{origin.endpoint}"\n'
+        )
+        env = {"LOTA_WORKERS": str(args.workers), "LOTA_LOG_LEVEL": "WARNING"}
+        node = LotaProcess(["--config", str(config)], log_path=work / "lota.log", env=env)
+        node.start()
+        try:
+            lota_urls = urls_for(node.url, keys)
+            systems = {
+                "LOTA": (lota_urls, lota_pids(node)),
+                "nginx": ([u.replace(node.url, nginx.url) for u in lota_urls], nginx.pids()),
+            }
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                for urls, pids in systems.values():  # the cold fill, untimed
+                    await cell(pool, urls, len(urls), 64, pids)
+                for size in args.sets:
+                    for concurrency in (16, 64):
+                        for name, (urls, pids) in systems.items():
+                            row = await cell(pool, urls[:size], args.requests, concurrency, pids)
+                            row.update(system=name, hot_set=size, concurrency=concurrency)
+                            out["small"].append(row)
+                            print(
+                                f"{name:>5} 64 KiB x{size} c={concurrency}: "
+                                f"{row['req_per_s']:,.0f} req/s p50 {row['p50']:.2f} ms "
+                                f"p99 {row['p99']:.2f} ms {row['cpu_us_per_req']:.0f} µs CPU/req "
+                                f"{row['errors'] or ''}",
+                                flush=True,
+                            )
+            big = {
+                "LOTA": presigner(node.url).generate_presigned_url(
+                    "get_object", {"Bucket": BUCKET, "Key": "big.bin"}, 7200
+                )
+            }
+            big["nginx"] = big["LOTA"].replace(node.url, nginx.url)
+            for url in big.values():
+                await streams([url], GiB)  # fill, untimed
+            for clients in (1, 4):
+                for name, url in big.items():
+                    runs = [await streams([url] * clients, GiB) for _ in range(args.runs)]
+                    best = max(r["GBps"] for r in runs)
+                    median = sorted(r["GBps"] for r in runs)[len(runs) // 2]
+                    errors = [e for r in runs for e in r["errors"]]
+                    out["big"].append(
+                        {"system": name, "clients": clients, "median_GBps": median,
+                         "best_GBps": best, "errors": errors}
+                    )  # fmt: skip
+                    print(f"{name:>5} 1 GiB x{clients}: median {median:.2f} GB/s {errors or ''}")
+        finally:
+            node.stop()
+    return out
+
+
+def report(out: dict[str, Any], args: argparse.Namespace) -> None:
+    rows = []
+    by = {(r["system"], r["hot_set"], r["concurrency"]): r for r in out["small"]}
+    for size in args.sets:
+        for concurrency in (16, 64):
+            lota, nginx = by[("LOTA", size, concurrency)], by[("nginx", size, concurrency)]
+            rows.append(
+                [
+                    f"{size:,}",
+                    concurrency,
+                    f"{lota['req_per_s']:,.0f}",
+                    f"{nginx['req_per_s']:,.0f}",
+                    f"{lota['req_per_s'] / nginx['req_per_s']:.2f}x",
+                    f"{lota['p50']:.2f} / {lota['p99']:.2f}",
+                    f"{nginx['p50']:.2f} / {nginx['p99']:.2f}",
+                    f"{lota['p99'] / nginx['p99']:.2f}x",
+                    f"{lota['cpu_us_per_req']:.0f} / {nginx['cpu_us_per_req']:.0f}",
+                ]
+            )
+    print(f"\n64 KiB hits, presigned SigV4 URLs; LOTA with {args.workers} workers, nginx with 2")
+    print(
+        table(
+            [
+                "hot set",
+                "conc",
+                "LOTA req/s",
+                "nginx req/s",
+                "req/s LOTA / nginx",
+                "LOTA p50 / p99 ms",
+                "nginx p50 / p99 ms",
+                "p99 LOTA / nginx",
+                "CPU µs/req LOTA / nginx",
+            ],
+            rows,
+        )
+    )
+    big = {(r["system"], r["clients"]): r for r in out["big"]}
+    print("\n1 GiB hits (curl)")
+    print(
+        table(
+            ["clients", "LOTA median GB/s", "nginx median GB/s", "LOTA / nginx"],
+            [
+                [
+                    c,
+                    big[("LOTA", c)]["median_GBps"],
+                    big[("nginx", c)]["median_GBps"],
+                    f"{big[('LOTA', c)]['median_GBps'] / big[('nginx', c)]['median_GBps']:.2f}x",
+                ]
+                for c in (1, 4)
+            ],
+        )
+    )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.nginx", description=__doc__)
+    parser.add_argument("--requests", type=int, default=20_000, help="per 64 KiB cell")
+    parser.add_argument("--sets", default="1000,20000", help="hot set sizes")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--runs", type=int, default=3, help="of each 1 GiB measurement")
+    args = parser.parse_args()
+    args.sets = [int(s) for s in args.sets.split(",")]
+    if not Path(NGINX).exists():
+        raise SystemExit("bench.nginx needs nginx: apt-get install nginx")
+    with tempfile.TemporaryDirectory(prefix="lota-bench-nginx-") as tmp:
+        out = await run(args, Path(tmp))
+    report(out, args)
+    print(f"\nsaved {save('nginx', {'args': vars(args), **out})}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,102 @@
+"""What one worker keeps of its siblings: an HTTP session to each one's Unix socket (peer
+calls, metrics), and the descriptor socket it answers them on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+
+from lota.cache.service import ChunkService
+from lota.workers.fds import FdServer, Opened
+from lota.workers.spec import WorkerSpec
+
+log = logging.getLogger("lota.workers")
+
+# Seconds to wait for a sibling's metrics before rendering without them.
+METRICS_TIMEOUT = 2.0
+
+
+def worker_name(index: int) -> str:
+    """How a worker is named among its siblings (peer calls' sender, membership)."""
+    return f"worker-{index}"
+
+
+def is_sibling(sender: str) -> bool:
+    """Whether a peer call came from a worker of this node (else from another node)."""
+    return sender.startswith("worker-")
+
+
+class Siblings:
+    """This worker's sessions to the other workers of its node."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.me = worker_name(spec.index)
+        self.sessions = {
+            worker_name(k): aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=spec.http_socket(k)),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=2, sock_read=60),
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+            for k in range(spec.count)
+            if k != spec.index
+        }
+
+    @property
+    def indexes(self) -> list[int]:
+        return [k for k in range(self.spec.count) if k != self.spec.index]
+
+    async def metrics(self) -> list[bytes]:
+        """Each sibling's own metrics (``/_lota/metrics?worker=own``); one that does not
+        answer in time is left out (it is restarting)."""
+
+        async def one(session: aiohttp.ClientSession) -> bytes | None:
+            try:
+                async with session.get(
+                    "http://localhost/_lota/metrics?worker=own",
+                    timeout=aiohttp.ClientTimeout(total=METRICS_TIMEOUT),
+                ) as response:
+                    return await response.read() if response.status == 200 else None
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                return None
+
+        found = await asyncio.gather(*(one(s) for s in self.sessions.values()))
+        return [text for text in found if text is not None]
+
+    async def close(self) -> None:
+        for session in self.sessions.values():
+            await session.close()
+
+
+@asynccontextmanager
+async def siblings(spec: WorkerSpec) -> AsyncIterator[Siblings]:
+    """The sessions to the siblings, closed on exit."""
+    found = Siblings(spec)
+    try:
+        yield found
+    finally:
+        await found.close()
+
+
+@asynccontextmanager
+async def descriptor_server(spec: WorkerSpec, cache: ChunkService) -> AsyncIterator[FdServer]:
+    """Answer the siblings' requests for the chunks this worker holds (zero-copy sends)."""
+
+    async def opener(bucket: str, key: str, etag: str, index: int) -> Opened | None:
+        obj = cache.lookup(bucket, key)
+        if obj is None or obj.meta.etag != etag or not cache.has_chunk(obj, index):
+            return None
+        reader = await cache.open_chunk(obj, index)
+        return None if reader is None else (reader.fd, reader.length, reader.close)
+
+    server = FdServer(spec.fd_socket(spec.index), opener, asyncio.get_running_loop())
+    server.start()
+    try:
+        yield server
+    finally:
+        await asyncio.to_thread(server.close)

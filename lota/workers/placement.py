@@ -1,0 +1,121 @@
+"""The placement of a node's chunks over its worker processes: :class:`Local`.
+
+Each chunk has an owner worker (:func:`lota.cluster.ownership.worker_of`). For a chunk
+this worker does not hold:
+
+- its own: filled here from the origin, and kept;
+- a sibling's: opened from the sibling if it holds it (sent from here with sendfile), else
+  relayed from the sibling, which fills it once for every worker asking; if the sibling
+  cannot answer (it is restarting), relayed from the origin, not kept.
+
+Prefetches and warms ask each chunk's owner worker to fill it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+
+from lota.cache.fill import OriginReply
+from lota.cache.layout import chunk_count
+from lota.cache.route import Route, Warmed, warm_here
+from lota.cache.service import ChunkService
+from lota.cache.source import ChunkSource
+from lota.cache.store import CachedObject
+from lota.cluster.ownership import chunk_key, worker_of
+from lota.cluster.peers import OwnersSource
+from lota.cluster.placement import RemoteFills
+from lota.metrics import Metrics
+from lota.workers.siblings import OpenChunk, SiblingSource
+
+
+class Local:
+    """Where one bucket's chunks come from and are kept on a node of several workers."""
+
+    spread = True
+
+    def __init__(
+        self,
+        cache: ChunkService,
+        origin: ChunkSource,
+        me: int,
+        siblings: Mapping[int, SiblingSource],
+        fills: RemoteFills,
+        usable: Callable[[str], bool],
+        metrics: Metrics,
+    ) -> None:
+        self.cache = cache
+        self.origin = origin
+        self._me = me
+        self._siblings = siblings
+        self._count = len(siblings) + 1
+        self._fills = fills
+        self._usable = usable
+        self._metrics = metrics
+
+    def _owner(self, obj: CachedObject, index: int) -> int:
+        m = obj.meta
+        return worker_of(chunk_key(m.bucket, m.key, m.etag, index), self._count)
+
+    def remote(self, obj: CachedObject, index: int) -> bool:
+        return False
+
+    def route(self, obj: CachedObject, index: int, last: int) -> Route:
+        owner = self._owner(obj, index)
+        if owner == self._me:
+            return Route(self.origin, keep=True, last=index)
+        source = OwnersSource([self._siblings[owner]], self.origin, self._usable, self._metrics)
+        return Route(source, keep=False, last=index)
+
+    async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenChunk | None:
+        owner = self._owner(obj, index)
+        if owner == self._me:
+            return None
+        return await self._siblings[owner].open(obj.meta, index)
+
+    def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:
+        mine, theirs = self._split(obj, indexes)
+        if mine:
+            self.cache.fill_each(self.origin, obj, mine)
+        for owner, chunks in theirs.items():
+            self._fills.ask(self._siblings[owner].name, obj, chunks)
+
+    async def warm(
+        self, bucket: str, key: str, known: CachedObject | None, size: int = -1
+    ) -> Warmed:
+        obj = known
+        if obj is None:
+            learnt = await self.cache.learn(self.origin, bucket, key)
+            if isinstance(learnt, OriginReply):
+                return Warmed(failed=1)
+            obj = learnt
+        done = await self.warm_chunks(obj, range(chunk_count(obj.meta.size, self.cache.chunk_size)))
+        done.fetched = done.fetched or known is None
+        return done
+
+    async def warm_chunks(self, obj: CachedObject, indexes: Sequence[int]) -> Warmed:
+        mine, theirs = self._split(obj, indexes)
+        m = obj.meta
+        parts = [warm_here(self.cache, self.origin, m.bucket, m.key, obj, mine)] if mine else []
+        parts += [
+            self._fills.fill(self._siblings[owner].name, obj, chunks)
+            for owner, chunks in theirs.items()
+        ]
+        done = Warmed()
+        for part in await asyncio.gather(*parts):
+            done.add(part)
+        return done
+
+    def _split(
+        self, obj: CachedObject, indexes: Sequence[int]
+    ) -> tuple[list[int], dict[int, list[int]]]:
+        """`indexes` as this worker's chunks and, per sibling, the chunks it owns."""
+        mine: list[int] = []
+        theirs: dict[int, list[int]] = {}
+        for index in indexes:
+            owner = self._owner(obj, index)
+            if owner == self._me:
+                mine.append(index)
+            else:
+                theirs.setdefault(owner, []).append(index)
+        return mine, theirs

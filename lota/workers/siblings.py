@@ -1,0 +1,142 @@
+"""The other workers of this node, as sources of the chunks they own.
+
+A :class:`SiblingSource` is one sibling worker: chunks it holds are opened through its
+descriptor socket (:mod:`lota.workers.fds`) and sent from here zero-copy; chunks it does
+not hold are read from its peer endpoint over its HTTP Unix socket, where it fills them
+once for everyone (:class:`lota.cluster.peers.PeerSource`). Descriptors are kept, the most
+recently used ones, so a hot chunk is asked for once per worker; each kept descriptor
+pins its file's blocks (an evicted chunk's space returns once the descriptor is closed),
+so they are bounded in number and bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from lota.cache.source import SourceKind, SourceReply
+from lota.cache.store import ObjectMeta
+from lota.cluster.peers import PeerSource
+from lota.threads import run_in_thread
+from lota.workers.fds import FdClient
+
+log = logging.getLogger("lota.workers")
+
+# Descriptors kept per sibling, and the bytes of the chunks they pin.
+KEPT_DESCRIPTORS = 512
+KEPT_BYTES = 512 * 1024 * 1024
+
+ChunkId = tuple[str, str, str, int]
+
+
+class OpenChunk:
+    """A sibling's chunk file, open here: read it with ``os.pread``/``os.sendfile`` on `fd`,
+    then :meth:`close` (the descriptor is closed once nobody uses it and it is not kept)."""
+
+    __slots__ = ("fd", "kept", "length", "users")
+
+    def __init__(self, fd: int, length: int) -> None:
+        self.fd = fd
+        self.length = length
+        self.users = 0
+        self.kept = True
+
+    def use(self) -> OpenChunk:
+        self.users += 1
+        return self
+
+    def close(self) -> None:
+        self.users -= 1
+        self._maybe_close()
+
+    def drop(self) -> None:
+        """No longer kept: closed when its last user is done."""
+        self.kept = False
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if not self.kept and self.users == 0 and self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class SiblingSource:
+    """One sibling worker: its chunks, zero-copy when it holds them."""
+
+    kind: SourceKind = "sibling"
+
+    def __init__(self, index: int, peer: PeerSource, fds: FdClient) -> None:
+        self.index = index
+        self.name = peer.name
+        self._peer = peer
+        self._fds = fds
+        self._kept: OrderedDict[ChunkId, OpenChunk] = OrderedDict()
+        self._kept_bytes = 0
+
+    @asynccontextmanager
+    async def get(
+        self, bucket: str, key: str, *, byte_range: str = "", if_match: str = ""
+    ) -> AsyncIterator[SourceReply]:
+        async with self._peer.get(bucket, key, byte_range=byte_range, if_match=if_match) as reply:
+            yield _FromSibling(reply)
+
+    async def open(self, meta: ObjectMeta, index: int) -> OpenChunk | None:
+        """The chunk, if the sibling holds it (a kept descriptor, or a new one); None if not,
+        or if the sibling cannot be asked right now."""
+        chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
+        kept = self._kept.get(chunk)
+        if kept is not None:
+            self._kept.move_to_end(chunk)
+            return kept.use()
+        try:
+            found = await run_in_thread(self._fds.open, *chunk, on_orphan=_close_orphan)
+        except OSError as exc:
+            log.debug("sibling %s did not hand over %r: %r", self.name, chunk, exc)
+            return None
+        if found is None:
+            return None
+        opened = OpenChunk(*found)
+        self._keep(chunk, opened)
+        return opened.use()
+
+    def _keep(self, chunk: ChunkId, opened: OpenChunk) -> None:
+        self._kept[chunk] = opened
+        self._kept_bytes += opened.length
+        while self._kept and (len(self._kept) > KEPT_DESCRIPTORS or self._kept_bytes > KEPT_BYTES):
+            _, old = self._kept.popitem(last=False)
+            self._kept_bytes -= old.length
+            old.drop()
+
+    def close(self) -> None:
+        for opened in self._kept.values():
+            opened.drop()
+        self._kept.clear()
+        self._kept_bytes = 0
+        self._fds.close()
+
+
+def _close_orphan(found: tuple[int, int] | None) -> None:
+    """A descriptor that arrived for an asker who left."""
+    if found is not None:
+        os.close(found[0])
+
+
+class _FromSibling:
+    """A sibling's answer, counted as the sibling's (``lota_cache_bytes{source="sibling"}``)."""
+
+    kind: SourceKind = "sibling"
+
+    def __init__(self, reply: SourceReply) -> None:
+        self._reply = reply
+        self.status = reply.status
+        self.headers = reply.headers
+
+    async def read(self, count: int) -> bytes:
+        return await self._reply.read(count)
+
+    async def pieces(self, size: int) -> AsyncIterator[bytes]:
+        while piece := await self.read(size):
+            yield piece

@@ -1,0 +1,62 @@
+"""What a worker process is told by its supervisor, through one variable: ``LOTA_WORKER``.
+
+The supervisor sets it (JSON) in each worker's environment; a worker reads it once at
+start (:meth:`WorkerSpec.from_environment`). No variable: the process is a node alone
+(``workers = 1``) or the supervisor itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lota.config import Config
+
+VARIABLE = "LOTA_WORKER"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Worker `index` of `count`."""
+
+    index: int
+    count: int
+    listen_fd: int
+    """The listening socket the supervisor bound for this worker (SO_REUSEPORT)."""
+    run_dir: str
+    """Where the workers' Unix sockets are (one directory per supervisor)."""
+    secret: str
+    """Signs the workers' calls to one another when there is no cluster secret."""
+    config_path: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """The settings the supervisor was given on its command line (and, with
+    ``--embedded-origin``, the origin it started)."""
+
+    def to_environment(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_environment(cls) -> WorkerSpec | None:
+        raw = os.environ.get(VARIABLE)
+        return cls(**json.loads(raw)) if raw else None
+
+    def http_socket(self, index: int) -> str:
+        """Worker `index`'s Unix socket for HTTP (peer calls, metrics)."""
+        return str(Path(self.run_dir) / f"worker-{index}.http")
+
+    def fd_socket(self, index: int) -> str:
+        """Worker `index`'s Unix socket handing over chunk file descriptors."""
+        return str(Path(self.run_dir) / f"worker-{index}.fds")
+
+    def configure(self, config: Config) -> Config:
+        """`config` as this worker runs it: its share of the budget, in ``worker-K`` of
+        every cache directory."""
+        cache = replace(
+            config.cache,
+            dirs=tuple(str(Path(d) / f"worker-{self.index}") for d in config.cache.dirs),
+            size=config.cache.size // self.count,
+        )
+        return replace(config, cache=cache)

@@ -1,0 +1,215 @@
+"""Worker processes, end to end: one `lota serve` with workers = 2 in front of moto, real
+clients on many connections (the kernel spreads them over the workers)."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+
+from lota.testing.processes import LotaProcess
+from tests.conftest import client_for
+from tests.recorder import RecordingProxy, recording_proxy
+
+MiB = 1024 * 1024
+CHUNK = 8 * MiB
+
+
+@pytest.fixture
+def recorder(origin: str) -> Iterator[RecordingProxy]:
+    with recording_proxy(origin) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def node(recorder: RecordingProxy, credentials_file: Path, tmp_path: Path) -> Iterator[LotaProcess]:
+    """A node of two workers, 1 GiB of cache between them."""
+    config = tmp_path / "lota.toml"
+    config.write_text(
+        f'workers = 2\n[cache]\ndirs = ["{tmp_path / "cache"}"]\nsize = "1GiB"\n'
+        f'[auth]\ncredentials = "{credentials_file}"\n'
+        f'[regions.us-east]\nendpoint = "{recorder.url}"\n'
+    )
+    started = LotaProcess(
+        ["--config", str(config)], log_path=tmp_path / "lota.log", env={"LOTA_WORKERS": "2"}
+    ).start()
+    yield started
+    started.stop()
+
+
+def _metric(node: LotaProcess, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", node.metrics(), re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def _workers(node: LotaProcess) -> list[int]:
+    """The supervisor's children: the worker processes."""
+    assert node.proc is not None
+    pid = node.proc.pid
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _read(url: str) -> tuple[str, str]:
+    """(xxh3 of the body, x-lota-cache) of a GET on a connection of its own; raises if the
+    body is cut short."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.netloc, timeout=60)
+    try:
+        connection.request("GET", f"{parts.path}?{parts.query}")
+        response = connection.getresponse()
+        assert response.status == 200, response.read()[:300]
+        digest, got = xxhash.xxh3_128(), 0
+        while piece := response.read(MiB):
+            digest.update(piece)
+            got += len(piece)
+        # http.client's read(n) returns b"" at a premature end instead of raising.
+        assert got == int(response.getheader("content-length", "-1")), "body cut short"
+        return digest.hexdigest(), response.getheader("x-lota-cache", "")
+    finally:
+        connection.close()
+
+
+def _presigned(node: LotaProcess, bucket: str, key: str) -> str:
+    s3 = client_for(node.url, signature_version="s3v4")
+    return str(s3.generate_presigned_url("get_object", {"Bucket": bucket, "Key": key}, 600))
+
+
+def test_two_workers_serve_one_cache_under_one_budget(
+    node: LotaProcess, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    blobs = {f"o{i}": os.urandom(size) for i, size in enumerate([1000, 300_000, 3 * CHUNK + 5])}
+    for key, blob in blobs.items():
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=blob)
+    want = {key: xxhash.xxh3_128(blob).hexdigest() for key, blob in blobs.items()}
+    urls = {key: _presigned(node, bucket, key) for key in blobs}
+    with ThreadPoolExecutor(16) as pool:  # 16 connections: both workers get some
+        for _ in range(3):
+            got = list(pool.map(lambda k: (k, _read(urls[k])), [*blobs] * 8))
+            assert all(digest == want[key] for key, (digest, _) in got)
+    fetched = {key: recorder.bytes_sent(f"/{bucket}/{key}") for key in blobs}
+    assert fetched == {key: len(blob) for key, blob in blobs.items()}  # once for the node
+    # Both workers hold a share of the chunks, each in its own directory.
+    shares = [
+        sum(len(files) for _, _, files in os.walk(Path(node.log_path).parent / "cache" / w))
+        for w in ("worker-0", "worker-1")
+    ]
+    assert all(shares), shares
+    assert _metric(node, "lota_workers") == 2
+    assert _metric(node, "lota_cache_budget_bytes") == 1024**3  # the two halves, summed
+    assert {source for _, source in _read_all(urls, list(blobs) * 4)} == {"HIT"}
+    # What clients were sent, all of it counted once, whichever worker sent it.
+    text = node.metrics()
+    sent = sum(float(v) for v in re.findall(r"^lota_cache_bytes_total\{[^}]*\} (\S+)$", text, re.M))
+    assert sent == 28 * sum(len(blob) for blob in blobs.values())
+    assert {key: recorder.bytes_sent(f"/{bucket}/{key}") for key in blobs} == fetched
+
+
+def _read_all(urls: dict[str, str], keys: list[str]) -> list[tuple[str, str]]:
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda k: _read(urls[k]), keys))
+
+
+def test_32_cold_readers_across_workers_make_one_origin_request_per_chunk(
+    node: LotaProcess, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    data = os.urandom(8 * CHUNK + 1234)
+    origin_s3.put_object(Bucket=bucket, Key="ckpt", Body=data)
+    want = xxhash.xxh3_128(data).hexdigest()
+    url = _presigned(node, bucket, "ckpt")
+    start = threading.Barrier(32)
+
+    def read(_: int) -> str:
+        start.wait()
+        return _read(url)[0]
+
+    with ThreadPoolExecutor(32) as pool:
+        assert list(pool.map(read, range(32))) == [want] * 32
+    gets = recorder.requests("GET", f"/{bucket}/ckpt")
+    assert len(gets) == 9  # one per chunk, whichever worker owns it
+    assert recorder.bytes_sent(f"/{bucket}/ckpt") == len(data)
+
+
+def test_a_worker_killed_mid_stream_fails_only_its_connections_and_comes_back(
+    node: LotaProcess, origin_s3: Any, bucket: str
+) -> None:
+    data = os.urandom(4 * CHUNK)
+    origin_s3.put_object(Bucket=bucket, Key="big", Body=data)
+    want = xxhash.xxh3_128(data).hexdigest()
+    url = _presigned(node, bucket, "big")
+    assert _read(url)[0] == want  # cached
+    workers = _workers(node)
+    assert len(workers) == 2
+    results: list[str | BaseException] = []
+
+    def slow(_: int) -> None:
+        parts = urllib.parse.urlsplit(url)
+        connection = http.client.HTTPConnection(parts.netloc, timeout=60)
+        try:
+            connection.request("GET", f"{parts.path}?{parts.query}")
+            response = connection.getresponse()
+            digest, got = xxhash.xxh3_128(), 0
+            while piece := response.read(256 * 1024):
+                digest.update(piece)
+                got += len(piece)
+                time.sleep(0.01)  # a slow client: still reading when the worker dies
+            if got != int(response.getheader("content-length", "-1")):
+                # http.client's read(n) returns b"" at a premature end instead of raising.
+                raise http.client.IncompleteRead(
+                    b"", int(response.getheader("content-length", "0")) - got
+                )
+            results.append(digest.hexdigest())
+        except (OSError, http.client.HTTPException) as exc:
+            results.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=slow, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    os.kill(workers[1], signal.SIGKILL)
+    for thread in threads:
+        thread.join(120)
+    failed = [r for r in results if not isinstance(r, str)]
+    assert [r for r in results if isinstance(r, str)] == [want] * (12 - len(failed))
+    assert failed and len(failed) < 12  # only the dead worker's connections failed
+    # The supervisor starts it again; the node serves from both once more.
+    deadline = time.monotonic() + 30
+    while len(_workers(node)) < 2 or _metric(node, "lota_workers") < 2:
+        assert time.monotonic() < deadline, node.log_tail()
+        time.sleep(0.2)
+    assert workers[1] not in _workers(node)
+    assert _read_all({"big": url}, ["big"] * 16) == [(want, "HIT")] * 16
+
+
+def test_a_worker_that_cannot_start_stops_the_node_with_one_line(
+    credentials_file: Path, tmp_path: Path, origin: str
+) -> None:
+    cache = tmp_path / "cache"
+    alone = LotaProcess(
+        ["--origin", origin, "--cache-dir", str(cache), "--credentials", str(credentials_file)],
+        log_path=tmp_path / "alone.log",
+    ).start()
+    try:
+        node = LotaProcess(
+            ["--origin", origin, "--cache-dir", str(cache), "--credentials", str(credentials_file)],
+            log_path=tmp_path / "workers.log",
+            env={"LOTA_WORKERS": "2"},
+        )
+        with pytest.raises(RuntimeError, match="exited 2"):
+            node.start(timeout=20)
+        assert f"cache directory {cache} is in use by pid" in node.log_tail()
+        assert "Traceback" not in node.log_tail()
+    finally:
+        alone.stop()

@@ -1,0 +1,58 @@
+"""Workers' pure parts: who owns a chunk among a node's workers, and the node's metrics
+added up from its workers'."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import Counter as PromCounter
+from prometheus_client.parser import text_string_to_metric_families
+
+from lota.cluster.ownership import chunk_key, worker_of
+from lota.workers.metrics import merge
+
+
+def _keys(count: int) -> list[bytes]:
+    return [chunk_key("data", f"shard-{i // 10}", '"e"', i % 10) for i in range(count)]
+
+
+def test_chunks_spread_evenly_over_workers_and_few_move_when_one_is_added() -> None:
+    keys = _keys(40_000)
+    four = [worker_of(k, 4) for k in keys]
+    counts = Counter(four)
+    assert set(counts) == {0, 1, 2, 3}
+    assert max(counts.values()) / (len(keys) / 4) < 1.05
+    five = [worker_of(k, 5) for k in keys]
+    moved = sum(a != b for a, b in zip(four, five, strict=True)) / len(keys)
+    assert 0.17 < moved < 0.23  # 1/5 of them: only those the new worker takes
+    assert {worker_of(k, 1) for k in keys} == {0}
+
+
+def _worker(served: int, dir_name: str, healthy: int, members: int) -> bytes:
+    r = CollectorRegistry()
+    PromCounter("lota_requests", "S3 requests", ["operation"], registry=r).labels("GetObject").inc(
+        served
+    )
+    Gauge("lota_cluster_members", "members", ["state"], registry=r).labels("live").set(members)
+    Gauge("lota_cache_dir_healthy", "healthy", ["dir"], registry=r).labels(dir_name).set(healthy)
+    Histogram("lota_request_seconds", "latency", buckets=(0.1, 1.0), registry=r).observe(0.5)
+    return generate_latest(r)
+
+
+def test_the_node_metrics_are_its_workers_added_up_except_the_ones_each_knows_whole() -> None:
+    merged = merge(
+        [_worker(3, "/nvme0/lota/worker-0", 1, 6), _worker(4, "/nvme0/lota/worker-1", 0, 6)]
+    )
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(merged.decode())
+        for s in family.samples
+    }
+    assert samples[("lota_requests_total", (("operation", "GetObject"),))] == 7
+    assert samples[("lota_cluster_members", (("state", "live"),))] == 6  # not 12
+    # One drive, whichever worker's directory on it: failing if any worker says so.
+    assert samples[("lota_cache_dir_healthy", (("dir", "/nvme0/lota"),))] == 0
+    assert samples[("lota_request_seconds_count", ())] == 2
+    assert samples[("lota_request_seconds_bucket", (("le", "1.0"),))] == 2
+    assert b"# TYPE lota_requests_total counter" in merged
