@@ -68,6 +68,9 @@ class Listing:
         if page:
             yield page
 
+    async def one(self, bucket: str, key: str) -> ObjectInfo | None:
+        return next((o for o in objects(self.total) if o.key == key), None)
+
 
 class NoMover:
     async def check(self, decision: Decision) -> str | None:

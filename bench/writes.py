@@ -1,12 +1,23 @@
-"""Cross-region write acceleration: acknowledged-PUT latency, far origin vs LOTA.
+"""Cross-region write acceleration: acknowledged-PUT latency, far origin vs LOTA, and
+reading a just-saved checkpoint back.
 
 Region B's origin sits behind an emulated WAN link (30 ms one way, 100 Mbit/s: a single
 stream across regions); region A's origin (the staging bucket) is on this machine. The
 script PUTs one object straight to region B, then the same size through a LOTA node in
-region A into a bucket homed in B, and prints how long each took to be acknowledged, and
-how long the migrator then took to land it in B.
+region A (with a cache) into a bucket homed in B, and prints how long each took to be
+acknowledged. Right after the acknowledgement, while the migrator copies it home, it reads
+the object back through the writing node (kept in its cache as it was written: a HIT) and
+reads its staged copy straight from the staging bucket (what a read through LOTA cost
+before writes were cached), and prints both; then how long the migrator took to land it
+in B.
 
-    python -m bench.writes [--size 256MiB] [--latency 30ms] [--bandwidth 100Mbit]
+    python -m bench.writes [--size 256MiB] [--latency 30ms] [--bandwidth 100Mbit] [--no-cache]
+                           [--staging-latency 1ms --staging-bandwidth 1Gbit]
+
+``--no-cache`` runs the node without a cache: what keeping the written object costs the
+acknowledgement, and the read back as it was before (from staging). By default the staging
+bucket is a moto on this machine, read at memory speed; ``--staging-latency`` and
+``--staging-bandwidth`` put it behind a link of its own, as a region's object store is.
 """
 
 from __future__ import annotations
@@ -72,7 +83,9 @@ def timed_put(s3: Any, bucket: str, key: str, size: int) -> float:
     return time.perf_counter() - started
 
 
-def run(a: EmbeddedOrigin, b: EmbeddedOrigin, work: Path, size: int) -> dict[str, float]:
+def run(
+    a: EmbeddedOrigin, b: EmbeddedOrigin, work: Path, size: int, cache: bool = True
+) -> dict[str, float]:
     origin_a = client(a.endpoint, a.access_key_id, a.secret_access_key)
     origin_b = client(b.endpoint, b.access_key_id, b.secret_access_key)
     origin_a.create_bucket(Bucket="staging-a")
@@ -83,7 +96,8 @@ def run(a: EmbeddedOrigin, b: EmbeddedOrigin, work: Path, size: int) -> dict[str
         'region = "us-east"\n'
         f'[auth]\ncredentials = "{credentials}"\n'
         f'[catalog]\nurl = "sqlite:///{work}/catalog.db"\n'
-        '[write]\nstaging_grace = "0s"\n'
+        + (f'[cache]\ndirs = ["{work}/cache"]\nsize = "2GiB"\n' if cache else "")
+        + '[write]\nstaging_grace = "0s"\n'
         f'[regions.us-east]\nendpoint = "{a.endpoint}"\nstaging_bucket = "staging-a"\n'
         f'[regions.eu-west]\nendpoint = "{b.endpoint}"\n'
         '[buckets]\n"far" = "eu-west"\n'
@@ -95,6 +109,9 @@ def run(a: EmbeddedOrigin, b: EmbeddedOrigin, work: Path, size: int) -> dict[str
         lota = client(node.url, key, secret)
         accelerated = timed_put(lota, "far", "through-lota.bin", size)
         landed = time.perf_counter()
+        read_back, source = timed_get(lota, "far", "through-lota.bin", size)
+        [staged] = origin_a.list_objects_v2(Bucket="staging-a")["Contents"]
+        from_staging, _ = timed_get(origin_a, "staging-a", staged["Key"], size)
         while True:
             try:
                 origin_b.head_object(Bucket="far", Key="through-lota.bin")
@@ -104,7 +121,24 @@ def run(a: EmbeddedOrigin, b: EmbeddedOrigin, work: Path, size: int) -> dict[str
         migration = time.perf_counter() - landed
     finally:
         node.stop()
-    return {"direct": direct, "lota": accelerated, "migration_after_ack": migration}
+    return {
+        "direct": direct,
+        "lota": accelerated,
+        "read_back": read_back,
+        "read_back_hit": float(source == "HIT"),
+        "read_from_staging": from_staging,
+        "migration_after_ack": migration,
+    }
+
+
+def timed_get(s3: Any, bucket: str, key: str, size: int) -> tuple[float, str]:
+    """Seconds to read the whole object, and where LOTA said it came from."""
+    started = time.perf_counter()
+    got = s3.get_object(Bucket=bucket, Key=key)
+    count = sum(len(piece) for piece in got["Body"].iter_chunks(1 << 20))
+    elapsed = time.perf_counter() - started
+    assert count == size, (count, size)
+    return elapsed, str(got["ResponseMetadata"]["HTTPHeaders"].get("x-lota-cache", "-"))
 
 
 async def main() -> None:
@@ -112,16 +146,26 @@ async def main() -> None:
     parser.add_argument("--size", default="256MiB")
     parser.add_argument("--latency", default="30ms", help="region B one-way latency")
     parser.add_argument("--bandwidth", default="100Mbit", help="region B single-stream cap")
+    parser.add_argument("--no-cache", action="store_true", help="the node without a cache")
+    parser.add_argument("--staging-latency", default="0", help="region A one-way latency")
+    parser.add_argument("--staging-bandwidth", default="", help="region A single-stream cap")
     args = parser.parse_args()
     size = parse_size(args.size)
     latency, bandwidth = parse_duration(args.latency), parse_bandwidth(args.bandwidth)
     with tempfile.TemporaryDirectory(prefix="lota-bench-writes-") as tmp:
-        async with EmbeddedOrigin() as a, EmbeddedOrigin(latency=latency, bandwidth=bandwidth) as b:
-            result = await asyncio.to_thread(run, a, b, Path(tmp), size)
+        near_bandwidth = parse_bandwidth(args.staging_bandwidth) if args.staging_bandwidth else None
+        async with (
+            EmbeddedOrigin(
+                latency=parse_duration(args.staging_latency), bandwidth=near_bandwidth
+            ) as a,
+            EmbeddedOrigin(latency=latency, bandwidth=bandwidth) as b,
+        ):
+            result = await asyncio.to_thread(run, a, b, Path(tmp), size, not args.no_cache)
     mib = size / 2**20
     print(
         f"\nAcknowledged PUT of {mib:.0f} MiB into a bucket homed in region B "
-        f"({args.latency} one way, {args.bandwidth}); staging bucket local:\n"
+        f"({args.latency} one way, {args.bandwidth}); staging bucket in region A "
+        f"({args.staging_latency} one way, {args.staging_bandwidth or 'no cap'}):\n"
     )
     print(
         table(
@@ -134,7 +178,31 @@ async def main() -> None:
     )
     print(
         f"\nLOTA acknowledged {result['direct'] / result['lota']:.1f}x sooner; the migrator "
-        f"landed it in region B {result['migration_after_ack']:.1f}s after the ack."
+        f"landed it in region B {result['migration_after_ack']:.1f}s after the ack.\n"
+    )
+    print(
+        table(
+            ["read of the just-saved object, while it migrates", "latency (s)", "MB/s"],
+            [
+                [
+                    "through the writing node ("
+                    + ("HIT" if result["read_back_hit"] else "no cache: from staging")
+                    + ")",
+                    result["read_back"],
+                    size / result["read_back"] / 1e6,
+                ],
+                [
+                    "its staged copy, from the staging bucket",
+                    result["read_from_staging"],
+                    size / result["read_from_staging"] / 1e6,
+                ],
+            ],
+        )
+    )
+    print(
+        f"\nThe read back through the writing node took "
+        f"{result['read_back'] / result['read_from_staging']:.2f}x the time of the read "
+        "from staging."
     )
     save("writes", {"size": size, "latency": latency, "bandwidth": bandwidth, **result})
 

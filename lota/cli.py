@@ -98,7 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     migrations.add_argument("--config", help="TOML config file (also LOTA_CONFIG)")
     migrations.add_argument("--json", action="store_true", help="one JSON object")
 
-    lifecycle = commands.add_parser("lifecycle", help="access-based tiering: plan or run")
+    lifecycle = commands.add_parser(
+        "lifecycle", help="access-based tiering: plan, run, or one object's status"
+    )
     steps = lifecycle.add_subparsers(title="steps")
     plan = steps.add_parser("plan", help="print what would move between tiers, and why")
     plan.set_defaults(command=_lifecycle_plan)
@@ -106,7 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="one JSON object per line")
     run = steps.add_parser("run", help="apply the transitions once and exit")
     run.set_defaults(command=_lifecycle_run)
-    for step in (plan, run):
+    status = steps.add_parser(
+        "status", help="an object's tier, last access, and which rule would move it when"
+    )
+    status.set_defaults(command=_lifecycle_status)
+    status.add_argument("url", help="s3://bucket/key")
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    for step in (plan, run, status):
         step.add_argument("--config", help="TOML config file (also LOTA_CONFIG)")
         step.add_argument(
             "--now", help="decide as of this time (ISO 8601); wins over LOTA_TIME_OFFSET"
@@ -298,6 +306,14 @@ def _lifecycle_run(args: argparse.Namespace) -> int:
     from lota.lifecycle.cli import run_command
 
     return uvloop.run(run_command(args.config, args.now))
+
+
+def _lifecycle_status(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from lota.lifecycle.cli import status_command
+
+    return uvloop.run(status_command(args.config, args.url, args.now, args.json, sys.stdout))
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:

@@ -176,8 +176,11 @@ class WriteConfig:
     migrate_bandwidth: Size = 0
     # A migration lease lasts this long unless renewed; a dead node's work moves on after it.
     lease: Duration = 60.0
-    # Staging copies are deleted this long after they stop being needed (readers mid-GET).
+    # Staging copies are deleted this long after they stop being needed (readers mid-GET);
+    # staged objects no catalog entry names (orphans) this long after they were written.
     staging_grace: Duration = 60.0
+    # Create this region's staging bucket at start if it does not exist.
+    create_staging: bool = False
 
     def __post_init__(self) -> None:
         if self.staging not in ("bucket", "local-disk"):

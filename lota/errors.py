@@ -23,7 +23,9 @@
     │                               OriginClient re-raises the cause: never leaves that module
     ├── CatalogError                a catalog operation failed (bad URL, SQL error, closed)
     │   ├── CatalogUnavailable      unreachable or locked too long: transient, a 503
-    │   └── CatalogVersionError     the database's schema is newer than this LOTA
+    │   ├── CatalogVersionError     the database's schema is newer than this LOTA
+    │   └── StagingSwept            a commit named a staging copy the orphan sweep took: the
+    │                               write fails unacknowledged (a 503, retried)
     ├── CacheError                  lota.cache.store: the store cannot serve or open; the
     │   │                           request passes through to the origin
     │   ├── CacheDirInUse           another process holds a cache directory's lock
@@ -38,6 +40,10 @@
     │                               resumes from the next owner or the origin
     ├── ObjectChanged               lota.cache.reads: the origin's object is not the cached one
     ├── NotModified                 lota.s3.conditions: the client's copy is current, answer 304
+    ├── Superseded                  lota.regions.home: a newer version of the key was committed;
+    │                               the one being migrated need not go home
+    ├── Fenced                      lota.regions.home: the home origin refused a conditional
+    │                               write (a newer version landed); retried
     ├── LeaseLost                   the lifecycle lease ran out or another node took it
     ├── WarmFailed                  ``lota warm`` did not complete; the message is its last line
     └── OriginStartError            the embedded origin (moto) did not start
@@ -83,6 +89,11 @@ class CatalogUnavailable(CatalogError):
 
 class CatalogVersionError(CatalogError):
     """The database's schema is newer than this LOTA knows: upgrade LOTA, never downgrade."""
+
+
+class StagingSwept(CatalogError):
+    """A write's staging copy was swept as an orphan before it was committed: the write
+    fails (unacknowledged) and the client retries."""
 
 
 class LeaseLost(LotaError):

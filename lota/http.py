@@ -111,6 +111,7 @@ class BodyWriter(StreamWriter):
     status = 0  # until the response's headers are written
     cache = ""
     body_size = 0
+    interim = 0  # bytes of interim responses (100 Continue) sent before the headers
 
     async def write_headers(self, status_line: str, headers: CIMultiDict[str]) -> None:
         self.status = int(status_line.split(" ", 2)[1])
@@ -128,6 +129,8 @@ class BodyWriter(StreamWriter):
             # aiohttp drops what would go past the declared Content-Length.
             size = len(chunk)
             self.body_size += size if self.length is None else min(size, self.length)
+        else:
+            self.interim += len(chunk)
         await super().write(chunk, drain=drain, LIMIT=LIMIT)
 
     async def write_eof(self, chunk: bytes = b"") -> None:

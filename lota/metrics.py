@@ -240,6 +240,7 @@ class Metrics:
             "lota_lifecycle_runs", "Lifecycle engine runs this node made", registry=r
         )
         self._declare_cluster(r)
+        self._declare_writes(r)
         self.inflight = Gauge(
             "lota_inflight_requests", "Requests being handled right now", registry=r
         )
@@ -273,6 +274,32 @@ class Metrics:
         for metric in vars(self).values():
             if isinstance(metric, MetricWrapperBase) and metric._labelnames:
                 metric.labels = lru_cache(maxsize=_CHILDREN)(metric.labels)  # type: ignore[method-assign]
+
+    def _declare_writes(self, r: CollectorRegistry) -> None:
+        """The metrics of write acceleration's staging, fencing and cached writes."""
+        self.cache_written_bytes = Counter(
+            "lota_cache_written_bytes",
+            "Object bytes kept in this node's cache as clients wrote them (accelerated "
+            "writes), so that reading them back here is a hit",
+            registry=r,
+        )
+        self.staging_orphans_swept = Counter(
+            "lota_staging_orphans_swept",
+            "Staging copies no catalog entry named (a write that failed between staging and "
+            "commit), deleted by this node's orphan sweep",
+            registry=r,
+        )
+        self.migration_fenced = Counter(
+            "lota_migration_fenced",
+            "Migrations that did not land an older version over a newer one, by how: "
+            "superseded (the catalog had a newer version before the home write), "
+            "conditional (the origin refused the conditional write), requeued (a newer "
+            "version already home was sent again after this one)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("superseded", "conditional", "requeued"):
+            self.migration_fenced.labels(reason)
 
     def _declare_cluster(self, r: CollectorRegistry) -> None:
         """The metrics of the cluster: peer reads both ways, members, hot copies."""

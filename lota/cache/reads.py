@@ -32,7 +32,7 @@ from lota.cache.deliver import INLINE_READ, Deliverer
 from lota.cache.fill import OriginReply, object_meta
 from lota.cache.layout import chunk_count
 from lota.cache.plan import CACHE_HEADER
-from lota.cache.route import Placement
+from lota.cache.route import Alone, Placement
 from lota.cache.service import ChunkService
 from lota.cache.source import ChunkSource
 from lota.cache.store import CachedObject, ObjectMeta
@@ -96,6 +96,25 @@ class ReadPath:
             # by another worker (HIT), or not (MISS), as the chunks say below.
             spread_get = placement.spread and request.method == "GET"
             obj, answered = result, "HIT" if spread_get else "MISS"
+        return await self._respond(request, target, placement, obj, answered)
+
+    async def serve_version(
+        self, request: web.BaseRequest, target: Target, source: ChunkSource, etag: str
+    ) -> web.StreamResponse | None:
+        """A read of version `etag` of an object that `source` holds and the origin has not
+        got yet (a write on its way home: the catalog vouches for the version): from the
+        entry if it is that version, else filled from `source`; never revalidated. None
+        when a fill in flight brought another version (the caller reads `source` then)."""
+        placement = Alone(self.cache, source)
+        obj = self.cache.lookup(target.bucket, target.key)
+        answered = "HIT"
+        if obj is None or obj.meta.etag != etag:
+            result = await self._miss(request, target, placement)
+            if isinstance(result, OriginReply):
+                return relay_reply(result)
+            if result.meta.etag != etag:
+                return None
+            obj, answered = result, "MISS"
         return await self._respond(request, target, placement, obj, answered)
 
     # -- freshness --------------------------------------------------------------------

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from prometheus_client import Counter
+
 from lota.cache.fill import ChunkFill, Filler, FillJob, OriginReply
+from lota.cache.intake import Intake, start_intake
 from lota.cache.plan import chunk_span
 from lota.cache.source import ByteSource, ChunkSource
 from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta
@@ -42,8 +45,22 @@ class ChunkService:
         """Keep `meta` as the entry of its (bucket, key), unless it changed `since`."""
         return await self._store.admit(meta, since=since)
 
-    async def invalidate(self, bucket: str, key: str) -> None:
+    async def invalidate(self, bucket: str, key: str, keep: str = "") -> None:
+        """Drop the entry of (bucket, key), unless it is version `keep` (an ETag): the
+        version a node was just told is the object's (it reached its home)."""
+        if keep:
+            obj = self._store.lookup(bucket, key)
+            if obj is not None and obj.meta.etag == keep:
+                return
         await self._store.invalidate(bucket, key)
+
+    async def intake(
+        self, bucket: str, key: str, size: int, written: Counter | None = None
+    ) -> Intake:
+        """Where to keep the bytes of an object as a client writes it, chunk by chunk with
+        their digests, to become its entry once its ETag is known (:class:`Intake`;
+        `written` counts the bytes kept)."""
+        return await start_intake(self._store, self.chunk_size, written, bucket, key, size)
 
     def has_chunk(self, obj: CachedObject, index: int) -> bool:
         return self._store.has_chunk(obj, index)

@@ -30,7 +30,8 @@ Errors (every database or network error is translated once, where it enters)::
     └── CatalogError                a catalog operation failed (bad URL, SQL error, closed)
         ├── CatalogUnavailable      the database is unreachable or stayed locked: transient,
         │                           retry later (a write path answers 503 ServiceUnavailable)
-        └── CatalogVersionError     the database's schema is newer than this LOTA
+        ├── CatalogVersionError     the database's schema is newer than this LOTA
+        └── StagingSwept            a commit named a staging copy the orphan sweep took
 
 ``asyncio.CancelledError`` always propagates. A cancelled call may still have taken effect
 (a commit is atomic, but its caller may not hear that it happened).
@@ -48,6 +49,7 @@ from lota.catalog.model import (
     PendingObject,
     PendingSummary,
     State,
+    UploadRecord,
     retry_delay,
 )
 from lota.clock import Clock
@@ -64,6 +66,7 @@ __all__ = [
     "PendingObject",
     "PendingSummary",
     "State",
+    "UploadRecord",
     "open_catalog",
     "parse_url",
     "retry_delay",

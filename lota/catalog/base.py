@@ -9,7 +9,14 @@ from types import TracebackType
 from typing import Literal
 
 from lota.catalog.events import EventStream, Waker
-from lota.catalog.model import AccessRecord, CatalogObject, Event, PendingObject, PendingSummary
+from lota.catalog.model import (
+    AccessRecord,
+    CatalogObject,
+    Event,
+    PendingObject,
+    PendingSummary,
+    UploadRecord,
+)
 from lota.clock import Clock
 from lota.errors import CatalogError
 
@@ -98,7 +105,8 @@ class Catalog(abc.ABC):
     async def commit_object(self, obj: PendingObject) -> int:
         """Make `obj` the latest version of its key (pending migration); returns its seq.
         The previous version, if any, is superseded: it will not migrate (unless a node is
-        migrating it right now) and its staging copy becomes garbage. Publishes ``put``."""
+        migrating it right now) and its staging copy becomes garbage. Publishes ``put``.
+        :class:`StagingSwept` if the orphan sweep took its staging copy."""
 
     @abc.abstractmethod
     async def commit_delete(self, bucket: str, key: str) -> int:
@@ -163,6 +171,45 @@ class Catalog(abc.ABC):
         gone, retired more than `versions_older_than` seconds ago (readers then go to the
         origin), and events older than `events_older_than` seconds. Returns rows deleted.
         Safe to run on every node."""
+
+    @abc.abstractmethod
+    async def requeue_migration(self, bucket: str, key: str, seq: int) -> bool:
+        """Make the migrated latest version `seq` pending again (a late copy of an older
+        version may have undone it at an origin that ignores conditional writes); False if
+        it is not the migrated latest version, or its staging copy is gone already."""
+
+    # -- staging copies and uploads --------------------------------------------------------
+
+    @abc.abstractmethod
+    async def sweep_orphans(self, names: Sequence[str]) -> list[str]:
+        """Of these staging copies (by ``staging_key`` or ``local_path``), those no version
+        names, recorded as swept: a commit that names one fails from now on
+        (:class:`StagingSwept`), so the caller may delete them. Atomic with commits."""
+
+    @abc.abstractmethod
+    async def record_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        """An accelerated multipart upload started (ListMultipartUploads shows it)."""
+
+    @abc.abstractmethod
+    async def forget_upload(self, upload_id: str) -> None:
+        """The upload was completed or aborted."""
+
+    @abc.abstractmethod
+    async def list_uploads(
+        self, bucket: str, prefix: str = "", after: tuple[str, str] = ("", ""), limit: int = 1000
+    ) -> list[UploadRecord]:
+        """Uploads in progress under `prefix`, in (key, upload id) order after `after`."""
+
+    # -- documents every node follows -------------------------------------------------------
+
+    @abc.abstractmethod
+    async def put_document(self, name: str, body: str) -> int:
+        """Store a new version of document `name`; returns its version (1, 2, ...).
+        Publishes ``document`` (key `name`, seq the version)."""
+
+    @abc.abstractmethod
+    async def get_document(self, name: str) -> tuple[int, str] | None:
+        """The latest version of document `name` and its body; None if never stored."""
 
     # -- named leases for singleton engines -----------------------------------------------
 

@@ -105,6 +105,17 @@ class AccessRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UploadRecord:
+    """A multipart upload of an accelerated write, in progress."""
+
+    bucket: str
+    key: str
+    upload_id: str
+    node: str = ""
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     """Something other nodes should hear about. ``id`` orders events; ``seq`` is the object
     version it concerns (0 when none)."""
@@ -125,6 +136,8 @@ class EventKind:
     DELETE = "delete"
     MIGRATED = "migrated"
     INVALIDATE = "invalidate"
+    DOCUMENT = "document"
+    """A document (``key``: its name) has a new version; ``seq`` is that version."""
 
 
 def prefix_end(prefix: str) -> str | None:

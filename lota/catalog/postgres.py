@@ -33,6 +33,7 @@ from lota.catalog.model import (
     EventKind,
     PendingObject,
     PendingSummary,
+    UploadRecord,
     merge_accesses,
     object_from_row,
     object_values,
@@ -46,7 +47,7 @@ from lota.catalog.schema import (
     to_apply,
 )
 from lota.clock import Clock
-from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError
+from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError, StagingSwept
 
 log = logging.getLogger("lota.catalog")
 
@@ -125,6 +126,30 @@ _LAST_EVENT = """
 SELECT coalesce(
     (SELECT max(id) FROM events),
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_id_seq))
+"""
+_REQUEUE = """
+UPDATE objects SET state = 'pending', retry_at = 0, retired_at = NULL, migrated_at = NULL,
+    lease_until = 0, last_error = ''
+WHERE seq = $1 AND bucket = $2 AND key = $3 AND latest AND state = 'migrated'
+  AND NOT staging_deleted
+"""
+_UPLOADS = """
+SELECT bucket, key, upload_id, node, created_at FROM uploads
+WHERE bucket = $1 AND (key > $2 OR (key = $2 AND upload_id > $3)) AND key >= $4{end}
+ORDER BY key, upload_id LIMIT $5
+"""
+_PUT_DOCUMENT = f"""
+WITH doc AS (
+    INSERT INTO documents (name, version, body, node, updated_at) VALUES ($1, 1, $2, $3, $4)
+    ON CONFLICT (name) DO UPDATE SET version = documents.version + 1, body = excluded.body,
+        node = excluded.node, updated_at = excluded.updated_at
+    RETURNING name, version
+), ev AS (
+    INSERT INTO events (at, kind, bucket, key, seq, node)
+    SELECT $4, '{EventKind.DOCUMENT}', '', name, version, $3 FROM doc
+    RETURNING id
+)
+SELECT (SELECT version FROM doc), (SELECT pg_notify('{POSTGRES_CHANNEL}', id::TEXT) FROM ev)
 """
 _EVENT_COLUMNS = "id, kind, bucket, key, seq, node, at"
 _ACCESS_BATCH = 50_000
@@ -239,9 +264,12 @@ class PostgresCatalog(Catalog):
 
     async def _commit(self, obj: PendingObject, *, deleted: bool) -> int:
         values = object_values(obj, deleted=deleted, node=self.node, now=self.clock.time())
-        seq = int(await self._fetchval(_COMMIT, *values))
+        seq = await self._fetchval(_COMMIT, *values)
+        if seq is None:
+            staged = obj.staging_key or obj.local_path
+            raise StagingSwept(f"staging copy {staged} was swept as an orphan")
         self._wake_streams()
-        return seq
+        return int(seq)
 
     async def get_object(self, bucket: str, key: str) -> CatalogObject | None:
         sql = f"SELECT {OBJECT_COLUMNS} FROM objects WHERE bucket = $1 AND key = $2 AND latest"
@@ -305,7 +333,46 @@ class PostgresCatalog(Catalog):
         now = self.clock.time()
         objects = await self._execute(_PRUNE_OBJECTS, now - versions_older_than, now)
         events = await self._execute("DELETE FROM events WHERE at <= $1", now - events_older_than)
-        return objects + events
+        swept = await self._execute("DELETE FROM swept WHERE at <= $1", now - versions_older_than)
+        return objects + events + swept
+
+    async def requeue_migration(self, bucket: str, key: str, seq: int) -> bool:
+        return await self._execute(_REQUEUE, seq, bucket, key) == 1
+
+    # -- staging copies and uploads -------------------------------------------------------
+
+    async def sweep_orphans(self, names: Sequence[str]) -> list[str]:
+        if not names:
+            return []
+        sql = "SELECT lota_sweep($1::TEXT[], $2)"
+        return [row[0] for row in await self._fetch(sql, list(names), self.clock.time())]
+
+    async def record_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        sql = "INSERT INTO uploads VALUES ($1, $2, $3, $4, $5) ON CONFLICT (upload_id) DO NOTHING"
+        await self._execute(sql, upload_id, bucket, key, self.node, self.clock.time())
+
+    async def forget_upload(self, upload_id: str) -> None:
+        await self._execute("DELETE FROM uploads WHERE upload_id = $1", upload_id)
+
+    async def list_uploads(
+        self, bucket: str, prefix: str = "", after: tuple[str, str] = ("", ""), limit: int = 1000
+    ) -> list[UploadRecord]:
+        end = prefix_end(prefix)
+        sql = _UPLOADS.format(end="" if end is None else " AND key < $6")
+        args = [bucket, after[0], after[1], prefix, limit, *([end] if end else [])]
+        return [UploadRecord(**dict(row.items())) for row in await self._fetch(sql, *args)]
+
+    # -- documents ------------------------------------------------------------------------
+
+    async def put_document(self, name: str, body: str) -> int:
+        rows = await self._fetch(_PUT_DOCUMENT, name, body, self.node, self.clock.time())
+        self._wake_streams()
+        return int(rows[0][0])
+
+    async def get_document(self, name: str) -> tuple[int, str] | None:
+        sql = "SELECT version, body FROM documents WHERE name = $1"
+        rows = await self._fetch(sql, name)
+        return (int(rows[0]["version"]), str(rows[0]["body"])) if rows else None
 
     # -- named leases -------------------------------------------------------------------
 

@@ -24,7 +24,18 @@ Tables (version 1):
     What other nodes should hear (invalidations, new writes), ``id`` ordered; pruned
     after a retention period.
 
-PostgreSQL also gets ``lota_commit(...)``, which commits a version in one round trip.
+Version 2 adds:
+
+``uploads``
+    Multipart uploads of accelerated writes in progress (ListMultipartUploads).
+``swept``
+    Staging copies the orphan sweep deleted, by name (``staging_key`` or ``local_path``):
+    a commit that names one fails, so a sweep never takes a copy a write still needs.
+``documents``
+    Versioned documents every node follows (the lifecycle rules, ``lifecycle-rules``).
+
+PostgreSQL also gets ``lota_commit(...)``, which commits a version in one round trip, and
+``lota_sweep(...)``, which records orphans under the same per-name lock as commits.
 """
 
 from __future__ import annotations
@@ -191,8 +202,113 @@ _POSTGRES_V1 = (
     $$""",
 )
 
+_COMMON_V2 = (
+    "CREATE INDEX objects_staging_key ON objects (staging_key) WHERE staging_key <> ''",
+    "CREATE INDEX objects_local_path ON objects (local_path) WHERE local_path <> ''",
+)
+_SQLITE_V2 = (
+    *_COMMON_V2,
+    """CREATE TABLE uploads (
+        upload_id TEXT PRIMARY KEY,
+        bucket TEXT NOT NULL,
+        key TEXT NOT NULL,
+        node TEXT NOT NULL,
+        created_at REAL NOT NULL
+    )""",
+    "CREATE INDEX uploads_keys ON uploads (bucket, key, upload_id)",
+    "CREATE TABLE swept (name TEXT PRIMARY KEY, at REAL NOT NULL)",
+    """CREATE TABLE documents (
+        name TEXT PRIMARY KEY,
+        version INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        node TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    )""",
+)
+_POSTGRES_V2 = (
+    *_COMMON_V2,
+    """CREATE TABLE uploads (
+        upload_id TEXT COLLATE "C" PRIMARY KEY,
+        bucket TEXT COLLATE "C" NOT NULL,
+        key TEXT COLLATE "C" NOT NULL,
+        node TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL
+    )""",
+    "CREATE INDEX uploads_keys ON uploads (bucket, key, upload_id)",
+    "CREATE TABLE swept (name TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL)",
+    """CREATE TABLE documents (
+        name TEXT PRIMARY KEY,
+        version BIGINT NOT NULL,
+        body TEXT NOT NULL,
+        node TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    )""",
+    # A commit and the orphan sweep (lota_sweep) take the same lock on a staging name: the
+    # sweep never deletes a copy a commit names, and a commit never names a swept copy
+    # (NULL: the write fails, unacknowledged).
+    """CREATE OR REPLACE FUNCTION lota_commit(
+        p_bucket TEXT, p_key TEXT, p_latest BOOLEAN, p_deleted BOOLEAN, p_state TEXT,
+        p_size BIGINT, p_etag TEXT, p_content_type TEXT, p_metadata TEXT, p_checksums TEXT,
+        p_headers TEXT, p_parts TEXT, p_source_region TEXT, p_staging_bucket TEXT,
+        p_staging_key TEXT, p_local_path TEXT, p_node TEXT, p_now DOUBLE PRECISION,
+        p_staging_deleted BOOLEAN
+    ) RETURNS BIGINT LANGUAGE plpgsql AS $$
+    DECLARE
+        new_seq BIGINT;
+        event_id BIGINT;
+        staged TEXT := p_staging_key || p_local_path;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtext(p_bucket), hashtext(p_key));
+        IF staged <> '' THEN
+            PERFORM pg_advisory_xact_lock(hashtext(staged));
+            IF EXISTS (SELECT 1 FROM swept WHERE name = staged) THEN
+                RETURN NULL;
+            END IF;
+        END IF;
+        UPDATE objects SET latest = false, retired_at = coalesce(retired_at, p_now)
+            WHERE bucket = p_bucket AND key = p_key AND latest;
+        INSERT INTO objects (
+            bucket, key, latest, deleted, state, size, etag, content_type, metadata,
+            checksums, headers, parts, source_region, staging_bucket, staging_key, local_path,
+            node, created_at, staging_deleted
+        ) VALUES (
+            p_bucket, p_key, p_latest, p_deleted, p_state, p_size, p_etag, p_content_type,
+            p_metadata, p_checksums, p_headers, p_parts, p_source_region, p_staging_bucket,
+            p_staging_key, p_local_path, p_node, p_now, p_staging_deleted
+        ) RETURNING seq INTO new_seq;
+        INSERT INTO events (at, kind, bucket, key, seq, node)
+            VALUES (p_now, CASE WHEN p_deleted THEN 'delete' ELSE 'put' END,
+                    p_bucket, p_key, new_seq, p_node)
+            RETURNING id INTO event_id;
+        PERFORM pg_notify('lota_catalog', event_id::TEXT);
+        RETURN new_seq;
+    END
+    $$""",
+    """CREATE FUNCTION lota_sweep(p_names TEXT[], p_now DOUBLE PRECISION)
+    RETURNS SETOF TEXT LANGUAGE plpgsql AS $$
+    DECLARE
+        staged TEXT;
+    BEGIN
+        FOREACH staged IN ARRAY (SELECT array_agg(n ORDER BY n) FROM unnest(p_names) n) LOOP
+            PERFORM pg_advisory_xact_lock(hashtext(staged));
+            IF NOT EXISTS (SELECT 1 FROM objects WHERE staging_key = staged)
+               AND NOT EXISTS (SELECT 1 FROM objects WHERE local_path = staged) THEN
+                INSERT INTO swept (name, at) VALUES (staged, p_now) ON CONFLICT DO NOTHING;
+                RETURN NEXT staged;
+            END IF;
+        END LOOP;
+    END
+    $$""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "objects, leases, object_usage, events", _SQLITE_V1, _POSTGRES_V1),
+    Migration(
+        2,
+        "uploads, swept staging copies, documents (lifecycle rules)",
+        _SQLITE_V2,
+        _POSTGRES_V2,
+    ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -32,6 +32,7 @@ from lota.catalog.model import (
     EventKind,
     PendingObject,
     PendingSummary,
+    UploadRecord,
     merge_accesses,
     object_from_row,
     object_values,
@@ -39,7 +40,7 @@ from lota.catalog.model import (
 )
 from lota.catalog.schema import LATEST_VERSION, SQLITE_VERSION_TABLE, to_apply
 from lota.clock import Clock
-from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError
+from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError, StagingSwept
 from lota.threads import run_in_thread
 
 log = logging.getLogger("lota.catalog")
@@ -102,6 +103,20 @@ ON CONFLICT (bucket, key) DO UPDATE SET last_access =
 _SET_TIER = """
 INSERT INTO object_usage (bucket, key, tier, tier_at) VALUES (?, ?, ?, ?)
 ON CONFLICT (bucket, key) DO UPDATE SET tier = excluded.tier, tier_at = excluded.tier_at
+"""
+_REQUEUE = """
+UPDATE objects SET state = 'pending', retry_at = 0, retired_at = NULL, migrated_at = NULL,
+    lease_until = 0, last_error = ''
+WHERE seq = ? AND bucket = ? AND key = ? AND latest AND state = 'migrated' AND NOT staging_deleted
+"""
+_NAMED = (
+    "SELECT EXISTS (SELECT 1 FROM objects WHERE staging_key = :n)"
+    " OR EXISTS (SELECT 1 FROM objects WHERE local_path = :n)"
+)
+_UPLOADS = """
+SELECT bucket, key, upload_id, node, created_at FROM uploads
+WHERE bucket = ? AND (key > ? OR (key = ? AND upload_id > ?)) AND key >= ?{end}
+ORDER BY key, upload_id LIMIT ?
 """
 _EVENT_COLUMNS = "id, kind, bucket, key, seq, node, at"
 _ACCESS_BATCH = 20_000
@@ -248,6 +263,43 @@ class SQLiteCatalog(Catalog):
     async def prune(self, *, versions_older_than: float, events_older_than: float) -> int:
         now = self.clock.time()
         return await self._run(self._prune, now, now - versions_older_than, now - events_older_than)
+
+    async def requeue_migration(self, bucket: str, key: str, seq: int) -> bool:
+        return await self._run(self._write_count, _REQUEUE, (seq, bucket, key)) == 1
+
+    # -- staging copies and uploads -------------------------------------------------------
+
+    async def sweep_orphans(self, names: Sequence[str]) -> list[str]:
+        return await self._run(self._sweep, list(names), self.clock.time())
+
+    async def record_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        sql = "INSERT OR REPLACE INTO uploads VALUES (?, ?, ?, ?, ?)"
+        params = (upload_id, bucket, key, self.node, self.clock.time())
+        await self._run(self._write_count, sql, params)
+
+    async def forget_upload(self, upload_id: str) -> None:
+        await self._run(self._write_count, "DELETE FROM uploads WHERE upload_id = ?", (upload_id,))
+
+    async def list_uploads(
+        self, bucket: str, prefix: str = "", after: tuple[str, str] = ("", ""), limit: int = 1000
+    ) -> list[UploadRecord]:
+        end = prefix_end(prefix)
+        sql = _UPLOADS.format(end="" if end is None else " AND key < ?")
+        params = [bucket, after[0], after[0], after[1], prefix, *([end] if end else []), limit]
+        rows = await self._run(self._query, sql, params)
+        return [UploadRecord(**dict(zip(row.keys(), row, strict=True))) for row in rows]
+
+    # -- documents ------------------------------------------------------------------------
+
+    async def put_document(self, name: str, body: str) -> int:
+        version = await self._run(self._put_document, name, body, self.clock.time())
+        self._wake_streams()
+        return version
+
+    async def get_document(self, name: str) -> tuple[int, str] | None:
+        sql = "SELECT version, body FROM documents WHERE name = ?"
+        rows = await self._run(self._query, sql, (name,))
+        return (int(rows[0]["version"]), str(rows[0]["body"])) if rows else None
 
     # -- named leases -------------------------------------------------------------------
 
@@ -407,6 +459,9 @@ class SQLiteCatalog(Catalog):
 
     def _commit(self, obj: PendingObject, deleted: bool, now: float) -> int:
         with self._write() as conn:
+            staged = obj.staging_key or obj.local_path
+            if staged and conn.execute("SELECT 1 FROM swept WHERE name = ?", (staged,)).fetchall():
+                raise StagingSwept(f"staging copy {staged} was swept as an orphan")
             conn.execute(_SUPERSEDE, (now, obj.bucket, obj.key))
             values = object_values(obj, deleted=deleted, node=self.node, now=now)
             seq = conn.execute(_INSERT_OBJECT, values).lastrowid
@@ -427,7 +482,28 @@ class SQLiteCatalog(Catalog):
         with self._write() as conn:
             pruned = conn.execute(_PRUNE_OBJECTS, {"cutoff": versions_cutoff, "now": now})
             events = conn.execute("DELETE FROM events WHERE at <= ?", (events_cutoff,))
-            return pruned.rowcount + events.rowcount
+            swept = conn.execute("DELETE FROM swept WHERE at <= ?", (versions_cutoff,))
+            return pruned.rowcount + events.rowcount + swept.rowcount
+
+    def _sweep(self, names: list[str], now: float) -> list[str]:
+        swept = []
+        with self._write() as conn:
+            for name in sorted(set(names)):
+                if not conn.execute(_NAMED, {"n": name}).fetchone()[0]:
+                    conn.execute("INSERT OR IGNORE INTO swept VALUES (?, ?)", (name, now))
+                    swept.append(name)
+        return swept
+
+    def _put_document(self, name: str, body: str, now: float) -> int:
+        with self._write() as conn:
+            row = conn.execute("SELECT version FROM documents WHERE name = ?", (name,)).fetchone()
+            version = (int(row[0]) if row else 0) + 1
+            conn.execute(
+                "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?)",
+                (name, version, body, self.node, now),
+            )
+            self._insert_event(conn, EventKind.DOCUMENT, "", name, version, now)
+            return version
 
     def _publish(self, kind: str, bucket: str, key: str, seq: int, now: float) -> int:
         with self._write() as conn:

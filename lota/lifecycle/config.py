@@ -18,6 +18,7 @@
     prefix = "runs/*/"       # glob; '*' matches within one path segment
     min_size = "128KiB"      # smaller objects never move (the default)
     keep_latest = 3          # the 3 newest children of each matched directory stay hot
+    tags = { stage = "final" }   # only objects tagged so (all of them must match)
     transitions = [ { days_since_last_access = 60, tier = "archive" } ]
 
 """
@@ -32,7 +33,7 @@ from lota.errors import ConfigError
 from lota.lifecycle.rules import DEFAULT_MIN_SIZE, TIERS, Rule, Tiers, Transition
 from lota.settings import Duration, parse_size, section_values
 
-_RULE_KEYS = frozenset({"bucket", "prefix", "min_size", "keep_latest", "transitions"})
+_RULE_KEYS = frozenset({"bucket", "prefix", "min_size", "keep_latest", "transitions", "tags"})
 _TRANSITION_KEYS = frozenset({"days_since_last_access", "tier"})
 
 
@@ -109,7 +110,16 @@ def _rule(data: Any, index: int) -> Rule:
         min_size=parse_size(data.get("min_size", DEFAULT_MIN_SIZE)),
         keep_latest=keep,
         transitions=tuple(_transition(t, f"{where}.transitions") for t in transitions),
+        tags=_tags(data.get("tags", {}), f"{where}.tags"),
     )
+
+
+def _tags(data: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(data, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise ConfigError(f'{where} must be a table of strings: {{ stage = "final" }}')
+    return tuple(data.items())
 
 
 def _transition(data: Any, where: str) -> Transition:

@@ -19,11 +19,15 @@ One run, for each bucket the rules name::
   clocks must agree to well within the lease, as the catalog requires anyway).
 * **A transition** copies the object onto itself with the new ``x-amz-storage-class``
   (CopyObject, metadata and tags directives ``COPY``, so metadata, content type and tags
-  stay; over 5 GiB a multipart copy that carries them over explicitly). Before copying the
+  stay; over 5 GiB a multipart copy that carries them over explicitly: the origin end is
+  :mod:`lota.lifecycle.origin`). Before copying the
   engine checks with HEAD that the object is still what the listing showed (same ETag and
   class; the copy is also conditional on the ETag), then records in the catalog the
   object's last access and its new tier, then copies. Tiers mapped to the same class only
   record the tier.
+* **Tag filters.** A rule with ``tags`` governs only objects that carry all of them. Tags
+  are read (GetObjectTagging) only for objects whose key the first matching rule has tag
+  filters for, a few at a time, and kept per version (bucket, key, ETag) across runs.
 * **Idempotent and resumable.** Nothing is remembered between runs but the origin's
   classes and the catalog: a second run finds every object in its tier and does nothing.
   A crash between recording and copying leaves a tier the origin's class contradicts, which
@@ -48,36 +52,30 @@ Errors (:mod:`lota.errors`)::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
-import xml.etree.ElementTree as ET
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
 from typing import Protocol
-from urllib.parse import quote
 
 from lota.catalog import AccessRecord, Catalog
 from lota.clock import Clock
 from lota.errors import CatalogError, LeaseLost, OriginError
-from lota.http import uri_encode
 from lota.lifecycle.config import LifecycleConfig
 from lota.lifecycle.rules import (
     Decision,
     ObjectInfo,
     Rule,
+    Status,
+    explain,
     listing_prefix,
+    needs_tags,
     plan,
     splits_directory,
 )
 from lota.lifecycle.state import LifecycleState
-from lota.regions.origin import OriginClient
-from lota.regions.origin_pages import origin_pages
-from lota.s3.errors import S3Error
-from lota.s3.xml import S3_NS_PREFIX
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.lifecycle")
@@ -107,6 +105,9 @@ class ListingSource(Protocol):
 
     def pages(self, bucket: str, prefix: str) -> AsyncIterator[list[ObjectInfo]]: ...
 
+    async def one(self, bucket: str, key: str) -> ObjectInfo | None:
+        """One object; None if there is none."""
+
 
 class Mover(Protocol):
     """What changes an object's storage class."""
@@ -116,6 +117,49 @@ class Mover(Protocol):
 
     async def copy(self, decision: Decision) -> str | None:
         """Rewrite the object in `decision.storage_class`; None when done, else why not."""
+
+
+class TagSource(Protocol):
+    """An object's tags (GetObjectTagging), for rules with tag filters."""
+
+    async def tags(self, bucket: str, key: str) -> dict[str, str]: ...
+
+
+class _NoTags:
+    async def tags(self, bucket: str, key: str) -> dict[str, str]:
+        return {}
+
+
+class _TagCache:
+    """Tags already read, per object version (bucket, key, ETag): a plan every interval
+    must not read every tagged object's tags again. The oldest go past `size` entries."""
+
+    def __init__(self, source: TagSource, size: int = 100_000, concurrency: int = 8) -> None:
+        self._source = source
+        self._size = size
+        self._known: OrderedDict[tuple[str, str, str], dict[str, str]] = OrderedDict()
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def tagged(self, objects: list[ObjectInfo], rules: Sequence[Rule]) -> list[ObjectInfo]:
+        """`objects`, with their tags where the rules need them."""
+        wanted = [i for i, obj in enumerate(objects) if needs_tags(obj, rules)]
+        found = await asyncio.gather(*(self._tags(objects[i]) for i in wanted))
+        tagged = list(objects)
+        for i, tags in zip(wanted, found, strict=True):
+            tagged[i] = replace(tagged[i], tags=tags)
+        return tagged
+
+    async def _tags(self, obj: ObjectInfo) -> dict[str, str]:
+        version = (obj.bucket, obj.key, obj.etag)
+        if (tags := self._known.get(version)) is not None:
+            self._known.move_to_end(version)
+            return tags
+        async with self._slots:
+            tags = await self._source.tags(obj.bucket, obj.key)
+        self._known[version] = tags
+        while len(self._known) > self._size:
+            self._known.popitem(last=False)
+        return tags
 
 
 class Observer(Protocol):
@@ -141,165 +185,6 @@ class RunReport:
     failed: int = 0
     too_large: int = 0  # objects in directories too big to rank (never moved)
     lease_lost: bool = False
-
-
-def parse_time(text: str) -> float:
-    """S3's ``2024-05-01T12:00:00.000Z`` as seconds since the epoch."""
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError as exc:
-        raise OriginError(f"origin listing has a bad LastModified {text!r}") from exc
-
-
-class OriginListing:
-    """:class:`ListingSource` over the origins' ListObjectsV2."""
-
-    def __init__(self, origin_for: Callable[[str], OriginClient]) -> None:
-        self._origin_for = origin_for
-
-    async def pages(self, bucket: str, prefix: str) -> AsyncIterator[list[ObjectInfo]]:
-        try:
-            async for page in origin_pages(self._origin_for(bucket), bucket, prefix):
-                yield [
-                    ObjectInfo(
-                        bucket, e.key, e.size, parse_time(e.last_modified), e.storage_class, e.etag
-                    )
-                    for e in page
-                ]
-        except S3Error as exc:  # the origin refused: the run fails, as when it is down
-            raise OriginError(
-                f"listing {bucket}/{prefix} at the origin: {exc.status} {exc.code}"
-            ) from exc
-
-
-class OriginMover:
-    """:class:`Mover` that copies objects onto themselves at their origin."""
-
-    def __init__(
-        self,
-        origin_for: Callable[[str], OriginClient],
-        *,
-        copy_limit: int = COPY_LIMIT,
-        part_size: int = PART_SIZE,
-    ) -> None:
-        self._origin_for = origin_for
-        self._copy_limit = copy_limit
-        self._part_size = part_size
-
-    async def check(self, decision: Decision) -> str | None:
-        headers = await self._head(decision)
-        if headers is None:
-            return "deleted since listed"
-        storage_class = headers.get("x-amz-storage-class", "STANDARD")
-        etag = headers.get("etag", "").strip('"')
-        if storage_class != decision.from_class or etag != decision.etag.strip('"'):
-            return "changed since listed"
-        return None
-
-    async def copy(self, decision: Decision) -> str | None:
-        if decision.size <= self._copy_limit:
-            return await self._copy_object(decision)
-        return await self._copy_parts(decision)
-
-    async def _head(self, d: Decision) -> dict[str, str] | None:
-        async with self._origin_for(d.bucket).request("HEAD", d.bucket, d.key) as reply:
-            if reply.status == 404:
-                return None
-            if reply.status != 200:
-                raise OriginError(f"HEAD {d.bucket}/{d.key}: {reply.status}")
-            return {k.lower(): v for k, v in reply.headers.items()}
-
-    def _source(self, d: Decision) -> dict[str, str]:
-        headers = {
-            "x-amz-copy-source": f"/{uri_encode(d.bucket, keep_slash=False)}/"
-            + uri_encode(d.key, keep_slash=True)
-        }
-        if d.etag:
-            headers["x-amz-copy-source-if-match"] = d.etag
-        return headers
-
-    async def _copy_object(self, d: Decision) -> str | None:
-        headers = self._source(d) | {
-            "x-amz-metadata-directive": "COPY",
-            "x-amz-tagging-directive": "COPY",
-            "x-amz-storage-class": d.storage_class,
-        }
-        async with self._origin_for(d.bucket).request(
-            "PUT", d.bucket, d.key, headers=headers
-        ) as reply:
-            body = await reply.read()
-        if reply.status == 412:
-            return "changed since listed"
-        # CopyObject may fail after its 200 status line: the body is then an <Error>.
-        if reply.status != 200 or b"<Error>" in body:
-            raise OriginError(f"copy {d.bucket}/{d.key} to {d.storage_class}: {body[:300]!r}")
-        return None
-
-    async def _copy_parts(self, d: Decision) -> str | None:
-        """A multipart copy (objects over 5 GiB), carrying metadata and tags over by hand."""
-        origin = self._origin_for(d.bucket)
-        head = await self._head(d)
-        if head is None:
-            return "deleted since listed"
-        headers = {
-            k: v for k, v in head.items() if k in _KEPT_HEADERS or k.startswith("x-amz-meta-")
-        }
-        headers["x-amz-storage-class"] = d.storage_class
-        if tags := await self._tags(d):
-            headers["x-amz-tagging"] = tags
-        async with origin.request(
-            "POST", d.bucket, d.key, query=[("uploads", "")], headers=headers
-        ) as reply:
-            body = await reply.read()
-            if reply.status != 200:
-                raise OriginError(f"multipart copy {d.bucket}/{d.key}: {body[:300]!r}")
-        upload = _xml(body).findtext(f"{S3_NS_PREFIX}UploadId", "")
-        try:
-            parts = [
-                await self._copy_part(d, upload, number, start)
-                for number, start in enumerate(range(0, d.size, self._part_size), 1)
-            ]
-            complete = "".join(
-                f"<Part><PartNumber>{n}</PartNumber><ETag>{etag}</ETag></Part>"
-                for n, etag in enumerate(parts, 1)
-            )
-            xml = f"<CompleteMultipartUpload>{complete}</CompleteMultipartUpload>".encode()
-            query = [("uploadId", upload)]
-            async with origin.request("POST", d.bucket, d.key, query=query, body=xml) as reply:
-                body = await reply.read()
-            if reply.status != 200 or b"<Error>" in body:
-                raise OriginError(f"completing copy of {d.bucket}/{d.key}: {body[:300]!r}")
-        except BaseException:
-            with contextlib.suppress(OriginError):
-                async with origin.request("DELETE", d.bucket, d.key, query=[("uploadId", upload)]):
-                    pass
-            raise
-        return None
-
-    async def _copy_part(self, d: Decision, upload: str, number: int, start: int) -> str:
-        end = min(start + self._part_size, d.size) - 1
-        headers = self._source(d) | {"x-amz-copy-source-range": f"bytes={start}-{end}"}
-        query = [("partNumber", str(number)), ("uploadId", upload)]
-        async with self._origin_for(d.bucket).request(
-            "PUT", d.bucket, d.key, query=query, headers=headers
-        ) as reply:
-            body = await reply.read()
-        if reply.status != 200 or b"<Error>" in body:
-            raise OriginError(f"copying part {number} of {d.bucket}/{d.key}: {body[:300]!r}")
-        return _xml(body).findtext(f"{S3_NS_PREFIX}ETag", "")
-
-    async def _tags(self, d: Decision) -> str:
-        async with self._origin_for(d.bucket).request(
-            "GET", d.bucket, d.key, query=[("tagging", "")]
-        ) as reply:
-            body = await reply.read()
-        if reply.status != 200:
-            raise OriginError(f"tags of {d.bucket}/{d.key}: {reply.status} {body[:200]!r}")
-        return "&".join(
-            f"{quote(tag.findtext(f'{S3_NS_PREFIX}Key', ''), safe='')}="
-            f"{quote(tag.findtext(f'{S3_NS_PREFIX}Value', ''), safe='')}"
-            for tag in _xml(body).iter(f"{S3_NS_PREFIX}Tag")
-        )
 
 
 # -- the engine --------------------------------------------------------------------------------
@@ -411,6 +296,7 @@ class Engine:
         clock: Clock,
         state: LifecycleState | None = None,
         observer: Observer | None = None,
+        tags: TagSource | None = None,
         window: int = 1000,
         max_window: int = 250_000,
         monotonic: Callable[[], float] = time.monotonic,
@@ -421,6 +307,7 @@ class Engine:
         self._config = config
         self._clock = clock
         self.state = state or LifecycleState(config.rules)
+        self._tags = _TagCache(tags or _NoTags())
         self._observer = observer
         self._window = window
         self._max_window = max(window, max_window)
@@ -434,6 +321,25 @@ class Engine:
         async for decisions in self._decisions(report, bucket):
             for decision in decisions:
                 yield decision
+
+    async def status(self, bucket: str, key: str, now: float) -> tuple[ObjectInfo, Status] | None:
+        """What the rules say about bucket/key at `now`; None if it does not exist. A
+        version not home yet is the catalog's (in the tier its writer asked for)."""
+        obj = await self._pending(bucket, key) or await self._listing.one(bucket, key)
+        if obj is None:
+            return None
+        rules = [r for r in self.state.rules if r.bucket == bucket]
+        [obj] = await self._tags.tagged([obj], rules)
+        records = await self._catalog.list_accesses(bucket, key, "", 1)
+        usage = records[0] if records and records[0].key == key else None
+        return obj, explain(obj, usage, rules, self._config.tiers, now)
+
+    async def _pending(self, bucket: str, key: str) -> ObjectInfo | None:
+        latest = await self._catalog.get_object(bucket, key)
+        if latest is None or not latest.pending or latest.deleted:
+            return None
+        storage_class = dict(latest.headers).get("x-amz-storage-class", "STANDARD")
+        return ObjectInfo(bucket, key, latest.size, latest.created_at, storage_class, latest.etag)
 
     async def run(self, now: float | None = None, bucket: str | None = None) -> RunReport | None:
         """Apply every transition due at `now` once; None if another node holds the lease."""
@@ -497,7 +403,8 @@ class Engine:
         for bucket in buckets:
             mine = [r for r in rules if r.bucket == bucket]
             async for objects, accesses in self._windows(bucket, mine, report):
-                decisions = plan(objects, accesses, mine, self._config.tiers, report.now)
+                tagged = await self._tags.tagged(objects, mine)
+                decisions = plan(tagged, accesses, mine, self._config.tiers, report.now)
                 report.planned += len(decisions)
                 yield decisions
 
@@ -578,10 +485,3 @@ def _split(window: list[ObjectInfo], directories: tuple[str, ...]) -> tuple[list
     """The window without the objects under `directories`, and how many those were."""
     kept = [obj for obj in window if not obj.key.startswith(directories)]
     return kept, len(window) - len(kept)
-
-
-def _xml(body: bytes) -> ET.Element:
-    try:
-        return ET.fromstring(body)
-    except ET.ParseError as exc:
-        raise OriginError(f"origin answered with bad XML: {body[:200]!r}") from exc

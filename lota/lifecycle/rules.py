@@ -16,8 +16,11 @@ Decisions, and why:
   tiers share a class (a provider without an IA class: ``warm = "STANDARD"``), the tier the
   catalog recorded wins if it is one of them, else the hottest. An object in a class no
   tier names is left alone.
-* The first rule (config order) whose bucket and prefix match an object governs it; objects
-  no rule matches never move. A rule with no transitions therefore pins what it matches.
+* The first rule (config order) whose bucket, prefix and tags match an object governs it;
+  objects no rule matches never move. A rule with no transitions therefore pins what it
+  matches. A rule with ``tags`` matches objects that carry every one of those tags with
+  those values (the engine reads an object's tags only when the first rule its key
+  matches has tags: :func:`needs_tags`).
 * ``prefix`` is a glob anchored at the start of the key: ``*`` matches within one path
   segment (never a ``/``); the key may continue after the prefix.
 * Last access is the later of the catalog's last access (reads and writes through LOTA) and
@@ -48,7 +51,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from lota.errors import ConfigError
@@ -117,6 +120,8 @@ class Rule:
     min_size: int = DEFAULT_MIN_SIZE
     keep_latest: int = 0
     transitions: tuple[Transition, ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    """(key, value) pairs an object must all carry for the rule to match it."""
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +144,7 @@ class Rule:
             if earlier.days == later.days or rank(earlier.tier) >= rank(later.tier):
                 raise ConfigError(f"{where}: transitions must go colder as the days grow")
         object.__setattr__(self, "transitions", steps)
+        object.__setattr__(self, "tags", tuple(sorted(self.tags)))
         parts = re.split(r"(\*)", self.prefix)
         regex = "".join("[^/]*" if part == "*" else re.escape(part) for part in parts)
         object.__setattr__(self, "_pattern", re.compile(regex))
@@ -159,6 +165,10 @@ class Rule:
         match = self._pattern.match(key)
         return match.group(0) if match else None
 
+    def tags_match(self, tags: Mapping[str, str] | None) -> bool:
+        """Whether an object with `tags` (None: not read) has every tag the rule asks for."""
+        return all(tags is not None and tags.get(k) == v for k, v in self.tags)
+
     def target(self, days: float) -> Transition | None:
         """The coldest transition due after `days` days without access."""
         due = None
@@ -176,6 +186,7 @@ class Rule:
             "transitions": [
                 {"days_since_last_access": t.days, "tier": t.tier} for t in self.transitions
             ],
+            **({"tags": dict(self.tags)} if self.tags else {}),
         }
 
 
@@ -189,6 +200,8 @@ class ObjectInfo:
     last_modified: float
     storage_class: str = "STANDARD"
     etag: str = ""
+    tags: Mapping[str, str] | None = None
+    """The object's tags, when the rules need them (:func:`needs_tags`); None: not read."""
 
 
 class Usage(Protocol):
@@ -276,7 +289,8 @@ def _see(
     obj: ObjectInfo, accesses: Mapping[tuple[str, str], Usage], rules: Sequence[Rule], tiers: Tiers
 ) -> _Seen | None:
     for rule in rules:
-        if (directory := rule.directory(obj.bucket, obj.key)) is not None:
+        directory = rule.directory(obj.bucket, obj.key)
+        if directory is not None and rule.tags_match(obj.tags):
             break
     else:
         return None
@@ -293,6 +307,15 @@ def _see(
         return _Seen(obj, rule, current, accessed, _NEVER, directory)
     last = obj.last_modified if accessed is None else max(accessed, obj.last_modified)
     return _Seen(obj, rule, current, last, obj.last_modified, directory)
+
+
+def needs_tags(obj: ObjectInfo, rules: Sequence[Rule]) -> bool:
+    """Whether which rule governs `obj` depends on its tags: the first rule its key matches
+    has tag filters (reading tags costs a request per object, so only then)."""
+    for rule in rules:
+        if rule.directory(obj.bucket, obj.key) is not None:
+            return bool(rule.tags)
+    return False
 
 
 def child_of(directory: str, key: str) -> str:
@@ -365,3 +388,53 @@ def listing_prefix(rules: Sequence[Rule], bucket: str) -> str:
     while common < min(len(first), len(last)) and first[common] == last[common]:
         common += 1
     return first[:common]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """What the rules say about one object (``lota lifecycle status``)."""
+
+    tier: str | None
+    """Its tier now; None when its storage class is no tier's."""
+    last_access: float
+    rule: str = ""
+    """The governing rule's name; "" when none matches."""
+    next_tier: str = ""
+    due_at: float | None = None
+    """When it moves to `next_tier` (at or before now: at the next run)."""
+    note: str = ""
+    """Why it never moves, or what may keep it where it is."""
+
+
+def explain(
+    obj: ObjectInfo, usage: Usage | None, rules: Sequence[Rule], tiers: Tiers, now: float
+) -> Status:
+    """Which rule governs `obj`, and when it would move where (as :func:`plan` decides)."""
+    recorded = usage.tier if usage is not None else None
+    seen = _see(obj, {(obj.bucket, obj.key): usage} if usage is not None else {}, rules, tiers)
+    if seen is None:
+        accessed = usage.last_access if usage is not None else None
+        last = obj.last_modified if accessed is None else max(accessed, obj.last_modified)
+        current = tiers.current(obj.storage_class, recorded)
+        return Status(tier=current, last_access=last, note="no rule matches it: it never moves")
+    status = Status(tier=seen.current, last_access=seen.last_access, rule=seen.rule.name)
+    rule = seen.rule
+    if seen.current is None:
+        note = f"its storage class {obj.storage_class} is no tier's: it is left alone"
+        return replace(status, note=note)
+    if obj.size < rule.min_size:
+        return replace(status, note=f"smaller than the rule's min_size ({rule.min_size})")
+    colder = [t for t in rule.transitions if rank(t.tier) > rank(seen.current)]
+    if not colder:
+        return replace(status, note="no transition of its rule goes colder")
+    days = (now - seen.last_access) / DAY
+    due = rule.target(days)
+    step = due if due is not None and rank(due.tier) > rank(seen.current) else colder[0]
+    note = ""
+    if rule.keep_latest:
+        note = (
+            f"kept hot while among the {rule.keep_latest} newest children of "
+            f"{seen.directory} (keep_latest)"
+        )
+    at = seen.last_access + step.days * DAY
+    return replace(status, next_tier=step.tier, due_at=at, note=note)

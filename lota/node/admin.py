@@ -3,10 +3,12 @@
 =============================  ==========================================================
 ``GET /_lota/healthz``         the process answers (liveness)
 ``GET /_lota/readyz``          200 while serving, 503 before start, before the cluster's
-                               members are known, and once draining
+                               members are known, while this node's staging cannot take
+                               writes (saying why), and once draining
 ``GET /_lota/metrics``         Prometheus text, summed over the node's workers
 ``POST /_lota/warm``           fill the cache with a prefix; progress as JSON lines
-``GET|PUT /_lota/lifecycle/rules``  this node's lifecycle rules, as JSON
+``GET|PUT /_lota/lifecycle/rules``  the lifecycle rules, versioned, as JSON (with a catalog,
+                               a PUT replaces them on every node)
 ``GET /_lota/migrations``      accelerated writes not yet in their home region
 ``/_lota/peer/…``              the other nodes of the cluster (lota.cluster.endpoint)
 =============================  ==========================================================
@@ -70,20 +72,19 @@ class Admin:
         self._lifecycle = lifecycle
         self._cache = cache
         self._catalog = catalog.catalog
+        self._problem = catalog.problem
 
     def ready(self) -> bool:
-        """Whether the node serves: started and not draining, its cache ready."""
-        return self._drain.ready and self._cache.ready()
+        """Whether the node serves: started and not draining, its cache ready, its
+        staging taking writes."""
+        return self._drain.ready and self._cache.ready() and not self._problem()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if path == "/_lota/healthz":
             return web.Response(text="ok\n")
         if path == "/_lota/readyz":
-            ready = self.ready()
-            return web.Response(
-                text="ready\n" if ready else "not ready\n", status=200 if ready else 503
-            )
+            return self._readyz()
         if path == "/_lota/metrics":
             own = self._metrics.render()
             # ?worker=own: this worker's alone (what a sibling asks for, to add up).
@@ -101,8 +102,18 @@ class Admin:
             return web.json_response(migration_report(summary))
         raise S3Error("InvalidRequest", f"Unknown LOTA admin call {path!r}.", status=404)
 
+    def _readyz(self) -> web.Response:
+        """200 "ready", or 503 "not ready" and, when it is known, why."""
+        if self.ready():
+            return web.Response(text="ready\n")
+        problem = self._problem()
+        return web.Response(
+            text=f"not ready: {problem}\n" if problem else "not ready\n", status=503
+        )
+
     async def _lifecycle_rules(self, request: web.BaseRequest) -> web.StreamResponse:
-        """``GET``/``PUT /_lota/lifecycle/rules``: this node's lifecycle rules, as JSON."""
+        """``GET``/``PUT /_lota/lifecycle/rules``: the lifecycle rules and their version, as
+        JSON; a PUT replaces them (for every node, with a catalog)."""
         view = _view(request)
         action = "s3:GetLifecycleConfiguration"
         if request.method == "PUT":
@@ -114,7 +125,7 @@ class Admin:
                 request, decoder, RULES_BODY_LIMIT, self._config.body_timeout
             )
             try:
-                self._lifecycle.replace(body.decode("utf-8", "replace"))
+                await self._lifecycle.replace(body.decode("utf-8", "replace"))
             except ConfigError as exc:
                 raise S3Error("InvalidArgument", str(exc)) from exc
         elif request.method != "GET":

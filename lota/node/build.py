@@ -23,14 +23,15 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import aiohttp
 
 from lota.auth import Authenticator
-from lota.catalog import open_catalog
+from lota.catalog import Event, open_catalog
 from lota.clock import Clock
 from lota.config import Config
 from lota.connections import connection_limits
 from lota.lifecycle.access import AccessRecorder
-from lota.lifecycle.engine import Engine, OriginListing, OriginMover
+from lota.lifecycle.engine import Engine
+from lota.lifecycle.origin import OriginListing, OriginMover, OriginTags
 from lota.lifecycle.restore import Restores
-from lota.lifecycle.state import LifecycleState
+from lota.lifecycle.state import RULES_DOCUMENT, LifecycleState
 from lota.logs import AccessLog
 from lota.metrics import LifecycleObserver, Metrics
 from lota.node.admin import Admin
@@ -41,6 +42,7 @@ from lota.node.invalidation import Invalidation, follow_events
 from lota.node.node import Drain, Node
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
+from lota.regions.control import ControlPlane
 from lota.regions.migrator import Migrator
 from lota.regions.origin import POOL_SIZE
 from lota.regions.origins import Origins
@@ -80,6 +82,8 @@ async def build_node(
         siblings = None
         if worker is not None and worker.count > 1:
             siblings = await stack.enter_async_context(sibling_sessions(worker))
+        control = ControlPlane(config, metrics)
+        stack.push_async_callback(control.close)
         cache = CacheFeature.off()
         if config.cache.dirs:
             restores = Restores(config.lifecycle, tasks, origins.for_bucket)
@@ -91,7 +95,9 @@ async def build_node(
             # The migrator and the lifecycle engine run in one worker of a node.
             engines = worker is None or worker.index == 0
             catalog = await stack.enter_async_context(
-                build_catalog(config, clock, metrics, origins, tasks, lifecycle, cache, engines)
+                build_catalog(
+                    config, clock, metrics, origins, control, tasks, lifecycle, cache, engines
+                )
             )
         stack.push_async_callback(_stop_work, drain, catalog, fills, tasks)
         admin = Admin(
@@ -162,6 +168,7 @@ async def build_catalog(
     clock: Clock,
     metrics: Metrics,
     origins: Origins,
+    control: ControlPlane,
     tasks: TaskGroup,
     lifecycle: LifecycleState,
     cache: CacheFeature,
@@ -180,35 +187,53 @@ async def build_catalog(
             origins=origins,
             staging_bucket=local.staging_bucket,
             local_dir=w.staging_dir if w.staging == "local-disk" else "",
+            control=control,
         )
         accelerator = Accelerator(
-            catalog,
-            staging,
-            origins.for_bucket,
-            metrics,
-            config.body_timeout,
+            catalog, staging, origins.for_bucket, metrics, config.body_timeout, cache.writes
         )
+        if config.accelerates_writes:
+            await _check_staging(accelerator, w.create_staging, tasks)
         router = RegionalRouter(config, catalog, accelerator, origins)
-        migrator = Migrator(catalog, staging, origins.for_bucket, w, metrics, clock)
+        migrator = Migrator(catalog, staging, origins.for_bucket, control, w, metrics, clock)
         if engines:
             tasks.start(migrator.run(), "migrator")
-        if cache.on:
-            tasks.start(follow_events(catalog, cache, config.node), "invalidations")
+        lifecycle.share(catalog)
+        await lifecycle.load()
+
+        async def on_document(event: Event) -> None:
+            if event.key == RULES_DOCUMENT:
+                await lifecycle.load()
+
+        tasks.start(follow_events(catalog, cache, config.node, on_document), "events")
         access = AccessRecorder(catalog, clock)
         access.start(tasks)
-        origin_for = origins.for_bucket
         engine = Engine(
             catalog,
-            OriginListing(origin_for),
-            OriginMover(origin_for),
+            OriginListing(control),
+            OriginMover(control),
             config.lifecycle,
             clock=clock,
             state=lifecycle,
             observer=LifecycleObserver(metrics),
+            tags=OriginTags(control),
         )
         if engines and config.lifecycle.interval > 0:
             tasks.start(engine.run_forever(), "lifecycle")
-        yield CatalogFeature(on=True, catalog=catalog, router=router, access=access)
+        yield CatalogFeature(
+            on=True,
+            catalog=catalog,
+            router=router,
+            access=access,
+            problem=lambda: accelerator.problem,
+        )
     finally:
         await tasks.close()  # already done, unless the opening failed half-way
         await catalog.close()
+
+
+async def _check_staging(accelerator: Accelerator, create: bool, tasks: TaskGroup) -> None:
+    """Check this node's staging before it serves; if it cannot take writes, keep checking
+    in the background (the node is not ready meanwhile, and says why)."""
+    if not await accelerator.recheck_staging(create):
+        tasks.start(accelerator.watch_staging(create), "staging check")

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from lota.cache.deliver import Deliverer
 from lota.cache.fill import Filler
+from lota.cache.intake import WriteCache
 from lota.cache.plan import cacheable
 from lota.cache.reads import ReadPath
 from lota.cache.route import Alone, NodePlacement, Placement
@@ -134,12 +135,18 @@ async def build_cache(
                 concurrency=n,
             )
 
+        def cached_etag(bucket: str, key: str) -> str:
+            obj = service.lookup(bucket, key)
+            return obj.meta.etag if obj is not None else ""
+
         feature = CacheFeature(
             on=True,
             cacheable=cacheable,
             serve=reads.serve,
             invalidate=service.invalidate,
             warm=warm,
+            cached_etag=cached_etag,
+            writes=WriteCache(service, reads.serve_version, metrics.cache_written_bytes),
         )
         secret = config.cluster.secret or (siblings.spec.secret if siblings else "")
         if secret:

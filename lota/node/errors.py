@@ -43,10 +43,11 @@ def error_response(exc: S3Error, request_id: str) -> web.Response:
 
 
 def response_started(request: web.BaseRequest) -> bool:
-    """Whether any part of a response (headers included) has been handed to aiohttp."""
+    """Whether any part of a response (headers included) has been handed to aiohttp; an
+    interim ``100 Continue`` is not one (an error may still be answered after it)."""
     writer: Any = request.writer
     return bool(
-        writer.output_size
+        writer.output_size > getattr(writer, "interim", 0)
         or getattr(writer, "_headers_buf", None)
         or getattr(writer, "_headers_written", False)
     )

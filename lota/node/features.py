@@ -13,12 +13,13 @@ the node does not have).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from aiohttp import web
 
 from lota.auth.body import BodyDecoder
+from lota.cache.intake import WriteCache
 from lota.cache.warm import Warm
 from lota.catalog import PendingSummary
 from lota.s3.addressing import Target
@@ -30,6 +31,12 @@ from lota.s3.xml import DeleteRequest
 WarmFactory = Callable[[str, str, Callable[[str], bool], int], Warm]
 ServeCached = Callable[[web.BaseRequest, Target], Awaitable[web.StreamResponse]]
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class Invalidate(Protocol):
+    """Drop this node's cached copy of (bucket, key), unless it is version `keep`."""
+
+    def __call__(self, bucket: str, key: str, keep: str = "") -> Awaitable[None]: ...
 
 
 async def _no_cluster(request: web.BaseRequest) -> web.StreamResponse:
@@ -44,6 +51,10 @@ def _always() -> bool:
     return True
 
 
+def _no_etag(bucket: str, key: str) -> str:
+    return ""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheFeature:
     """What the front end asks of the node's read cache (built by
@@ -54,8 +65,8 @@ class CacheFeature:
     """Whether the cache answers this read (else it passes through)."""
     serve: ServeCached
     """Answer a cacheable read from the cache, filling it from the origin on a miss."""
-    invalidate: Callable[[str, str], Awaitable[None]]
-    """Drop this node's cached copy of (bucket, key)."""
+    invalidate: Invalidate
+    """Drop this node's cached copy of (bucket, key), unless it is version `keep`."""
     warm: WarmFactory
     peer: Handler = _no_cluster
     """Answer another node of the cluster (``/_lota/peer/``; :mod:`lota.cluster.endpoint`)."""
@@ -67,6 +78,10 @@ class CacheFeature:
     ready: Callable[[], bool] = _always
     """Whether the cache can serve: its index is loaded, and in a cluster the members are
     known."""
+    cached_etag: Callable[[str, str], str] = _no_etag
+    """The ETag of this node's cached copy of (bucket, key); "" when it has none."""
+    writes: WriteCache = field(default_factory=WriteCache.off)
+    """What accelerated writes ask of the cache: keep what they write, serve it back."""
 
     @classmethod
     def off(cls) -> CacheFeature:
@@ -82,7 +97,7 @@ async def _no_cache(request: web.BaseRequest, target: Target) -> web.StreamRespo
     raise AssertionError("no cache to serve from: nothing is cacheable")
 
 
-async def _nothing(bucket: str, key: str) -> None:
+async def _nothing(bucket: str, key: str, keep: str = "") -> None:
     pass
 
 
@@ -119,6 +134,10 @@ class Shared(Protocol):
     async def pending_summary(self) -> PendingSummary: ...
 
 
+def _no_problem() -> str:
+    return ""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CatalogFeature:
     """What the catalog serves on this node (built by :func:`lota.node.build.build_catalog`):
@@ -128,6 +147,9 @@ class CatalogFeature:
     catalog: Shared
     router: Regional
     access: Accesses
+    problem: Callable[[], str] = _no_problem
+    """Why this node cannot take accelerated writes now ("" when it can): its staging
+    bucket is missing or refuses writes. The node is not ready meanwhile."""
 
     @classmethod
     def off(cls) -> CatalogFeature:

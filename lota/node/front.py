@@ -208,10 +208,13 @@ class Front:
         if request.headers.get("expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if not read:
+            # An accelerated write replaces this worker's cached copy itself (with the
+            # bytes it kept as they were written: see lota.regions.accelerate); the other
+            # workers of the node drop theirs.
             routed = await self._router.handle(request, target, authorized.operation, decoder)
             if routed is not None:
                 if ctx.operation in INVALIDATING:
-                    await self._invalidation.drop_cached(target.bucket, [target.key])
+                    await self._invalidation.drop_in_siblings(target.bucket, [target.key])
                 return routed
         if ctx.operation == Op.DELETE_OBJECTS:
             return await self._delete_objects(request, target, authorized, decoder)

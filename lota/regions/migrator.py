@@ -2,12 +2,9 @@
 
 One owner task per node (:meth:`Migrator.run`) claims work from the catalog under leases,
 so exactly one node moves a given version; a node that dies mid-copy loses its lease and
-another takes over. A version moves the way it was written, so it keeps the ETag its writer
-was given: a single PUT as one PUT with Content-MD5 (the home region checks it), a
-multipart upload as a multipart upload with the same part boundaries (the home ETag, MD5
-of the part MD5s, then equals the staged one, which checks every part). Deletes move as
-deletes. Failures retry with exponential backoff, so an origin outage is ridden out; a
-bandwidth cap keeps migration from crowding out reads.
+another takes over. How a version is written home, keeping its ETag and never landing over
+a newer one, is :mod:`lota.regions.home`. Failures retry with exponential backoff, so an
+origin outage is ridden out; a bandwidth cap keeps migration from crowding out reads.
 """
 
 from __future__ import annotations
@@ -20,12 +17,14 @@ from collections.abc import AsyncIterator, Callable
 from lota.catalog import Catalog, CatalogObject, retry_delay
 from lota.clock import Clock
 from lota.config import WriteConfig
-from lota.errors import LotaError, OriginError
+from lota.errors import LotaError
 from lota.metrics import Metrics
-from lota.regions.accelerate import md5_base64, object_location
+from lota.regions.control import ControlPlane
+from lota.regions.home import Fenced, Home, Superseded
 from lota.regions.origin import OriginClient
+from lota.regions.orphans import OrphanSweep
+from lota.regions.staged import object_location
 from lota.regions.staging import Staging
-from lota.s3.xml import xml_text
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.migrator")
@@ -67,6 +66,7 @@ class Migrator:
         catalog: Catalog,
         staging: Staging,
         origin_for: Callable[[str], OriginClient],
+        control: ControlPlane,
         config: WriteConfig,
         metrics: Metrics,
         clock: Clock,
@@ -78,6 +78,8 @@ class Migrator:
         self._metrics = metrics
         self._clock = clock
         self._rate = RateLimit(config.migrate_bandwidth)
+        self._home = Home(catalog, staging, origin_for, control, metrics, config.part_concurrency)
+        self._orphans = OrphanSweep(catalog, staging, config, metrics, clock)
         self._pruned_at = 0.0
 
     async def run(self) -> None:
@@ -86,6 +88,7 @@ class Migrator:
             try:
                 moved = await self.run_once()
                 await self._collect_garbage()
+                await self._orphans.sweep()
                 await self._report()
                 await self._prune()
             except asyncio.CancelledError:
@@ -124,7 +127,17 @@ class Migrator:
             # Another node may hold the version now: this copy must not land after its.
             log.warning("lost the lease on %s/%s v%d: copy stopped", obj.bucket, obj.key, obj.seq)
             return
+        except Superseded:
+            # The newer version migrates instead; this one is garbage now.
+            self._metrics.migration_fenced.labels("superseded").inc()
+            log.info("%s/%s v%d is superseded: not copied home", obj.bucket, obj.key, obj.seq)
+            await self.catalog.fail_migration(
+                obj.bucket, obj.key, obj.seq, "superseded", self._clock.time()
+            )
+            return
         except (LotaError, OSError, TimeoutError) as exc:
+            if isinstance(exc, Fenced):
+                self._metrics.migration_fenced.labels("conditional").inc()
             attempts = obj.attempts
             retry_at = self._clock.time() + retry_delay(attempts)
             log.warning(
@@ -149,12 +162,7 @@ class Migrator:
             log.info("migrated %s/%s v%d (%d bytes) home", obj.bucket, obj.key, obj.seq, obj.size)
 
     async def _move(self, obj: CatalogObject) -> None:
-        if obj.deleted:
-            await self._delete_home(obj)
-        elif obj.parts:
-            await self._copy_multipart(obj)
-        else:
-            await self._copy_single(obj)
+        await self._home.move(obj, self._paced)
 
     async def _keep_lease(
         self, obj: CatalogObject, move: asyncio.Task[None], lost: asyncio.Event
@@ -175,94 +183,6 @@ class Migrator:
                 lost.set()
                 move.cancel()
                 return
-
-    # -- the copies ---------------------------------------------------------------------
-
-    def _write_headers(self, obj: CatalogObject) -> dict[str, str]:
-        headers = {"content-type": obj.content_type, **dict(obj.headers)}
-        headers.update({f"x-amz-meta-{k}": v for k, v in obj.metadata.items()})
-        return headers
-
-    async def _copy_single(self, obj: CatalogObject) -> None:
-        headers = self._write_headers(obj)
-        headers["content-length"] = str(obj.size)
-        headers["content-md5"] = md5_base64(obj.etag)
-        headers.update(obj.checksums)
-        body = self._paced(self.staging.read(object_location(obj)))
-        async with self._origin_for(obj.bucket).request(
-            "PUT", obj.bucket, obj.key, headers=headers, body=body
-        ) as reply:
-            answer = await reply.read()
-            if reply.status != 200:
-                raise OriginError(f"home PUT answered {reply.status}: {answer[:300]!r}")
-            if reply.headers.get("etag", "") != obj.etag:
-                raise OriginError(f"home ETag {reply.headers.get('etag')} != {obj.etag}")
-
-    async def _copy_multipart(self, obj: CatalogObject) -> None:
-        origin = self._origin_for(obj.bucket)
-        async with origin.request(
-            "POST", obj.bucket, obj.key, query=[("uploads", "")], headers=self._write_headers(obj)
-        ) as reply:
-            answer = await reply.read()
-            if reply.status != 200:
-                raise OriginError(f"home CreateMultipartUpload answered {reply.status}")
-        upload = xml_text(answer, "UploadId")
-        try:
-            etags = await self._upload_parts(origin, obj, upload)
-            parts = "".join(
-                f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>"
-                for n, e in enumerate(etags, 1)
-            )
-            body = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
-            async with origin.request(
-                "POST",
-                obj.bucket,
-                obj.key,
-                query=[("uploadId", upload)],
-                body=body,
-                headers={"content-length": str(len(body))},
-            ) as reply:
-                answer = await reply.read()
-                if reply.status != 200 or b"<Error>" in answer:
-                    raise OriginError(f"home CompleteMultipartUpload failed: {answer[:300]!r}")
-            if xml_text(answer, "ETag") != obj.etag:
-                raise OriginError(f"home ETag {xml_text(answer, 'ETag')} != {obj.etag}")
-        except BaseException:
-            async with origin.request("DELETE", obj.bucket, obj.key, query=[("uploadId", upload)]):
-                pass
-            raise
-
-    async def _upload_parts(
-        self, origin: OriginClient, obj: CatalogObject, upload: str
-    ) -> list[str]:
-        slots = asyncio.Semaphore(self._config.part_concurrency)
-        location = object_location(obj)
-        offsets = [sum(obj.parts[:i]) for i in range(len(obj.parts))]
-
-        async def part(number: int) -> str:
-            async with slots:
-                first = offsets[number - 1]
-                size = obj.parts[number - 1]
-                body = self._paced(self.staging.read(location, first, first + size - 1))
-                async with origin.request(
-                    "PUT",
-                    obj.bucket,
-                    obj.key,
-                    query=[("partNumber", str(number)), ("uploadId", upload)],
-                    headers={"content-length": str(size)},
-                    body=body,
-                ) as reply:
-                    await reply.read()
-                    if reply.status != 200:
-                        raise OriginError(f"home UploadPart {number} answered {reply.status}")
-                    return reply.headers.get("etag", "")
-
-        return list(await asyncio.gather(*(part(n) for n in range(1, len(obj.parts) + 1))))
-
-    async def _delete_home(self, obj: CatalogObject) -> None:
-        async with self._origin_for(obj.bucket).request("DELETE", obj.bucket, obj.key) as reply:
-            if reply.status not in (200, 204, 404):
-                raise OriginError(f"home DELETE answered {reply.status}")
 
     async def _paced(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         async for piece in body:

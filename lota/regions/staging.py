@@ -5,65 +5,105 @@ A staged object is named by a :class:`Location` string that any node can parse:
 ``s3://REGION/BUCKET/KEY`` for bucket staging, ``file://NODE/PATH`` for local disk. Only
 bucket staging survives the loss of the node and can be read from other nodes; local-disk
 staging is as durable as that one disk and readable only where it was written.
+
+:class:`Staging` writes to this node's :class:`StagingArea` (a bucket,
+:mod:`lota.regions.staging_bucket`, or a directory, :mod:`lota.regions.staging_disk`), the
+same calls for both: single objects, multipart uploads part for part (so the staged object
+has the part boundaries, and so the ETag, its home copy will have), listings for the
+orphan sweep, and the start-up check. It reads and deletes any location.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
 import uuid
-import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Protocol
 
 from lota.errors import OriginError
+from lota.regions.control import ControlPlane
+from lota.regions.location import Location
+from lota.regions.multipart import PartsPage
 from lota.regions.origin import OriginClient
+from lota.regions.staging_bucket import BucketArea
+from lota.regions.staging_disk import DiskArea
 from lota.s3.errors import S3Error
-from lota.threads import run_in_thread
 
 STAGING_PREFIX = "lota-staging/"
 READ_SIZE = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Location:
-    """Where a staged object's bytes are."""
-
-    scheme: str  # "s3" or "file"
-    region_or_node: str
-    bucket: str  # "" for file
-    key: str  # staging key, or absolute path for file
-
-    def __str__(self) -> str:
-        if self.scheme == "s3":
-            return f"s3://{self.region_or_node}/{self.bucket}/{self.key}"
-        return f"file://{self.region_or_node}{self.key}"
-
-    @classmethod
-    def parse(cls, text: str) -> Location:
-        scheme, _, rest = text.partition("://")
-        if scheme == "s3":
-            region, bucket, key = rest.split("/", 2)
-            return cls("s3", region, bucket, key)
-        if scheme == "file":
-            node, slash, path = rest.partition("/")
-            return cls("file", node, "", slash + path)
-        raise ValueError(f"not a staging location: {text!r}")
-
-
-@dataclass(frozen=True, slots=True)
 class Staged:
-    """A body written to staging: where, how big, its MD5 (the ETag S3 gives a single PUT)."""
+    """A body written to staging: where, how big, its ETag as S3 gives it, without quotes
+    (the MD5 of a single PUT; of a multipart upload, the MD5 of its parts' MD5s, ``-N``)."""
 
     location: Location
     size: int
     md5: str
+    parts: tuple[int, ...] = ()
+    """Part sizes, in order, of a multipart upload."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedEntry:
+    """One staged object as the orphan sweep sees it: its key in the area (a staging key,
+    or a path under the staging directory) and when it was written."""
+
+    key: str
+    modified: float
+
+
+class StagingArea(Protocol):
+    """Where this node stages: the calls both kinds of staging answer the same way."""
+
+    where: str
+    """The bucket's or directory's name, for messages."""
+
+    def location(self, key: str) -> Location:
+        """Where the object staged here as `key` is (``""``: the area's root)."""
+        ...
+
+    async def put(self, key: str, body: AsyncIterator[bytes], length: int) -> None: ...
+
+    async def create_multipart(self, key: str) -> str: ...
+
+    async def upload_part(
+        self,
+        key: str,
+        upload: str,
+        number: int,
+        body: AsyncIterator[bytes],
+        length: int,
+        md5: Callable[[], str],
+    ) -> None:
+        """Stage one part; `md5` gives its MD5 once the body has been read."""
+        ...
+
+    async def list_parts(
+        self, key: str, upload: str, marker: int = 0, limit: int = 1000
+    ) -> PartsPage: ...
+
+    async def complete_multipart(self, key: str, upload: str, body: bytes) -> tuple[str, list[int]]:
+        """Complete with the client's part list: (the ETag, its part sizes)."""
+        ...
+
+    async def abort_multipart(self, key: str, upload: str) -> None: ...
+
+    async def entries(self, after: str, limit: int) -> tuple[list[tuple[str, float]], str]:
+        """Up to `limit` staged objects after key `after` (key, when written), and the key
+        to go on after ("": that was the end)."""
+        ...
+
+    async def check(self, create: bool) -> str:
+        """Why this staging cannot take writes ("" when it can); `create` makes a
+        missing bucket."""
+        ...
 
 
 class Staging:
-    """Writes, reads and deletes staged objects; reads work for any region's bucket staging."""
+    """Writes to this node's staging area; reads and deletes any region's staged copies."""
 
     def __init__(
         self,
@@ -73,53 +113,99 @@ class Staging:
         origins: Mapping[str, OriginClient],
         staging_bucket: str = "",
         local_dir: str = "",
+        control: ControlPlane | None = None,
     ) -> None:
         self.node = node
         self.region = region
         self._origins = origins
         self._bucket = staging_bucket
-        self._dir = Path(local_dir) if local_dir else None
+        self._disk = DiskArea(node, local_dir, STAGING_PREFIX) if local_dir else None
+        self.area: StagingArea = self._disk or BucketArea(
+            origins.get(region), region, staging_bucket, STAGING_PREFIX, control
+        )
 
     @property
     def mode(self) -> str:
-        return "local-disk" if self._dir is not None else "bucket"
+        return "local-disk" if self._disk is not None else "bucket"
 
     @property
     def bucket(self) -> str:
         return self._bucket
+
+    @property
+    def configured(self) -> bool:
+        """Whether this node has somewhere to stage (a bucket or a directory)."""
+        return bool(self._bucket) or self._disk is not None
+
+    def location(self, key: str) -> Location:
+        """Where the object this node staged as `key` is."""
+        return self.area.location(key)
+
+    def area_at(self, root: str) -> StagingArea:
+        """The staging area whose root location is `root` (a multipart upload's, which
+        may have been started on a node of another region): this node's, or the staging
+        bucket of that region."""
+        if not root or root == str(self.area.location("")):
+            return self.area
+        where = Location.parse(root)
+        if where.scheme != "s3" or where.region_or_node not in self._origins:
+            raise S3Error(
+                "NoSuchUpload", "This upload is staged on another node's disk: send it there."
+            )
+        origin = self._origins[where.region_or_node]
+        return BucketArea(origin, where.region_or_node, where.bucket, STAGING_PREFIX)
 
     def new_key(self, bucket: str) -> str:
         return f"{STAGING_PREFIX}{bucket}/{uuid.uuid4().hex}"
 
     async def put(self, bucket: str, body: AsyncIterator[bytes], length: int) -> Staged:
         """Stage a whole body; returns once it is durable (origin 200, or fsync'd file)."""
-        md5 = hashlib.md5(usedforsecurity=False)
+        md5, key = _Md5(), self.new_key(bucket)
+        await self.area.put(key, md5.tee(body), length)
+        return Staged(self.location(key), length, md5.hexdigest())
 
-        async def hashed() -> AsyncIterator[bytes]:
-            async for piece in body:
-                md5.update(piece)
-                yield piece
+    async def upload_part(
+        self,
+        area: StagingArea,
+        key: str,
+        upload: str,
+        number: int,
+        body: AsyncIterator[bytes],
+        length: int,
+    ) -> str:
+        """Stage one part; returns its MD5 hex (the part's ETag)."""
+        md5 = _Md5()
+        await area.upload_part(key, upload, number, md5.tee(body), length, md5.hexdigest)
+        return md5.hexdigest()
 
-        key = self.new_key(bucket)
-        if self._dir is not None:
-            path = self._dir / key
-            await _write_file(path, hashed())
-            return Staged(Location("file", self.node, "", str(path)), length, md5.hexdigest())
-        origin = self._origins[self.region]
-        headers = {"content-length": str(length)}
-        async with origin.request("PUT", self._bucket, key, headers=headers, body=hashed()) as r:
-            if r.status != 200:
-                raise OriginError(f"staging PUT failed: {r.status} {(await r.read())[:300]!r}")
-        return Staged(Location("s3", self.region, self._bucket, key), length, md5.hexdigest())
+    async def complete_multipart(
+        self, area: StagingArea, key: str, upload: str, body: bytes
+    ) -> Staged:
+        etag, sizes = await area.complete_multipart(key, upload, body)
+        return Staged(area.location(key), sum(sizes), etag.strip('"'), tuple(sizes))
+
+    async def entries(self, after: str, limit: int) -> tuple[list[StagedEntry], str]:
+        """Up to `limit` objects staged here, in key order after `after` (a key), and where
+        the next call goes on from ("": the end); bounded, for the orphan sweep."""
+        found, following = await self.area.entries(after, limit)
+        return [StagedEntry(key, modified) for key, modified in found], following
+
+    def name(self, key: str) -> str:
+        """What the catalog names the copy staged here as `key` by."""
+        return self.location(key).name
+
+    async def check(self, create: bool) -> str:
+        """Why this node cannot stage writes ("" when it can); see :meth:`StagingArea.check`."""
+        return await self.area.check(create)
 
     async def read(
         self, location: Location, first: int = 0, last: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The staged bytes first..last (inclusive; None: to the end)."""
         if location.scheme == "file":
-            if location.region_or_node != self.node:
+            if self._disk is None or location.region_or_node != self.node:
                 raise OriginError(f"staged on node {location.region_or_node}, not readable here")
-            async for piece in _read_file(Path(location.key), first, last):
+            async for piece in self._disk.read(location.key, first, last):
                 yield piece
             return
         origin = self._origins[location.region_or_node]
@@ -133,106 +219,10 @@ class Staging:
             async for piece in r.content.iter_chunked(READ_SIZE):
                 yield piece
 
-    # Multipart uploads stage as multipart uploads in the staging bucket, part for part, so
-    # the staged object has the part boundaries (and so the ETag) the home object will have.
-
-    async def create_multipart(self, key: str) -> str:
-        self._bucket_mode("multipart uploads")
-        origin = self._origins[self.region]
-        async with origin.request("POST", self._bucket, key, query=[("uploads", "")]) as r:
-            body = await r.read()
-            if r.status != 200:
-                raise OriginError(
-                    f"staging CreateMultipartUpload failed: {r.status} {body[:300]!r}"
-                )
-        upload = _xml_text(body, "UploadId")
-        if not upload:
-            raise OriginError("staging CreateMultipartUpload returned no UploadId")
-        return upload
-
-    async def upload_part(
-        self, key: str, upload: str, number: int, body: AsyncIterator[bytes], length: int
-    ) -> str:
-        """Stage one part; returns its MD5 hex (the part's ETag)."""
-        self._bucket_mode("multipart uploads")
-        md5 = hashlib.md5(usedforsecurity=False)
-
-        async def hashed() -> AsyncIterator[bytes]:
-            async for piece in body:
-                md5.update(piece)
-                yield piece
-
-        origin = self._origins[self.region]
-        query = [("partNumber", str(number)), ("uploadId", upload)]
-        headers = {"content-length": str(length)}
-        async with origin.request(
-            "PUT", self._bucket, key, query=query, headers=headers, body=hashed()
-        ) as r:
-            if r.status != 200:
-                raise _passed_on(r.status, await r.read())
-        return md5.hexdigest()
-
-    async def complete_multipart(self, key: str, upload: str, body: bytes) -> tuple[str, list[int]]:
-        """Complete the staged upload with the client's part list; returns (ETag, part sizes)."""
-        origin = self._origins[self.region]
-        query = [("uploadId", upload)]
-        sizes = await self._part_sizes(origin, key, upload)
-        async with origin.request(
-            "POST",
-            self._bucket,
-            key,
-            query=query,
-            body=body,
-            headers={"content-length": str(len(body))},
-        ) as r:
-            answer = await r.read()
-            if r.status != 200 or b"<Error>" in answer:
-                raise _passed_on(r.status if r.status != 200 else 400, answer)
-        etag = _xml_text(answer, "ETag")
-        chosen = [int(n) for n in _xml_all(body, "PartNumber")]
-        listed = all(n in sizes for n in chosen)
-        if not listed or sum(sizes[n] for n in chosen) != await self._size(origin, key):
-            # A part was uploaded again between the listing and the completion: ask the
-            # completed object itself.
-            sizes = {n: await self._size(origin, key, part=n) for n in chosen}
-        return etag, [sizes[n] for n in chosen]
-
-    async def _size(self, origin: OriginClient, key: str, part: int | None = None) -> int:
-        query = [] if part is None else [("partNumber", str(part))]
-        async with origin.request("HEAD", self._bucket, key, query=query) as r:
-            if r.status not in (200, 206):
-                raise OriginError(f"staging HEAD answered {r.status}")
-            return int(r.headers.get("content-length", "-1"))
-
-    async def _part_sizes(self, origin: OriginClient, key: str, upload: str) -> dict[int, int]:
-        sizes: dict[int, int] = {}
-        marker = "0"
-        while True:
-            query = [("uploadId", upload), ("part-number-marker", marker)]
-            async with origin.request("GET", self._bucket, key, query=query) as r:
-                answer = await r.read()
-                if r.status != 200:
-                    raise _passed_on(r.status, answer)
-            numbers = [int(n) for n in _xml_all(answer, "PartNumber")]
-            lengths = [int(s) for s in _xml_all(answer, "Size")]
-            sizes.update(zip(numbers, lengths, strict=False))
-            if _xml_text(answer, "IsTruncated") != "true" or not numbers:
-                return sizes
-            marker = str(numbers[-1])
-
-    async def abort_multipart(self, key: str, upload: str) -> None:
-        origin = self._origins[self.region]
-        async with origin.request("DELETE", self._bucket, key, query=[("uploadId", upload)]) as r:
-            if r.status not in (204, 200, 404):
-                raise _passed_on(r.status, await r.read())
-
-    def _bucket_mode(self, what: str) -> None:
-        if self._dir is not None:
-            raise S3Error("NotImplemented", f"{what} to far buckets need bucket staging")
-
     async def delete(self, location: Location) -> None:
         if location.scheme == "file":
-            await asyncio.to_thread(_unlink, Path(location.key))
+            if self._disk is not None and location.region_or_node == self.node:
+                await self._disk.delete(location.key)
             return
         origin = self._origins[location.region_or_node]
         async with origin.request("DELETE", location.bucket, location.key) as r:
@@ -240,92 +230,16 @@ class Staging:
                 raise OriginError(f"staging DELETE failed: {r.status}")
 
 
-def _xml_all(body: bytes, tag: str) -> list[str]:
-    try:
-        root = ET.fromstring(body)
-    except ET.ParseError as exc:
-        raise OriginError(f"unreadable XML from staging: {body[:200]!r}") from exc
-    return [e.text or "" for e in root.iter() if e.tag.rsplit("}", 1)[-1] == tag]
+class _Md5:
+    """The MD5 of a body, computed as it passes."""
 
+    def __init__(self) -> None:
+        self._md5 = hashlib.md5(usedforsecurity=False)
 
-def _xml_text(body: bytes, tag: str) -> str:
-    found = _xml_all(body, tag)
-    return found[0] if found else ""
-
-
-def _passed_on(status: int, body: bytes) -> S3Error:
-    """A staging error the client must hear about (InvalidPart, NoSuchUpload, ...)."""
-    try:
-        root = ET.fromstring(body)
-        code = root.findtext("Code") or "InternalError"
-        message = root.findtext("Message") or ""
-    except ET.ParseError:
-        code, message = "ServiceUnavailable", "staging failed"
-    if status >= 500:
-        return S3Error("ServiceUnavailable", f"staging failed: {code}")
-    return S3Error(code, message, status=status)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _unlink(path: Path) -> None:
-    path.unlink(missing_ok=True)
-
-
-async def _write_file(path: Path, body: AsyncIterator[bytes]) -> None:
-    """Write to a temp file, fsync, rename, fsync the directories: the staged file is whole
-    or absent, and once this returns (the write is acknowledged) it survives power loss."""
-    created = await asyncio.to_thread(_make_dirs, path.parent)
-    temp = path.with_suffix(".tmp")
-    # run_in_thread: a cancelled caller waits for the call to end, since it closes the
-    # descriptor the call writes to (a number closed under a running write may be another
-    # file's by then); on_orphan gets the descriptor the caller missed.
-    fd = await run_in_thread(
-        os.open, temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, on_orphan=os.close
-    )
-    try:
+    async def tee(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         async for piece in body:
-            await run_in_thread(_write_all, fd, piece)
-        await run_in_thread(os.fsync, fd)
-    except BaseException:
-        os.close(fd)
-        await asyncio.to_thread(_unlink, temp)
-        raise
-    os.close(fd)
-    await asyncio.to_thread(os.rename, temp, path)
-    for directory in (path.parent, *(d.parent for d in created)):
-        await asyncio.to_thread(_fsync_dir, directory)
-
-
-def _make_dirs(directory: Path) -> list[Path]:
-    """mkdir -p; returns the directories it created, outermost first."""
-    missing = [d for d in (directory, *directory.parents) if not d.exists()][::-1]
-    directory.mkdir(parents=True, exist_ok=True)
-    return missing
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-async def _read_file(path: Path, first: int, last: int | None) -> AsyncIterator[bytes]:
-    fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
-    try:
-        end = (os.fstat(fd).st_size - 1) if last is None else last
-        offset = first
-        while offset <= end:
-            piece = await asyncio.to_thread(os.pread, fd, min(READ_SIZE, end - offset + 1), offset)
-            if not piece:
-                break
-            offset += len(piece)
+            self._md5.update(piece)
             yield piece
-    finally:
-        os.close(fd)
+
+    def hexdigest(self) -> str:
+        return self._md5.hexdigest()

@@ -21,7 +21,7 @@ from aiohttp import web
 from lota.auth.body import BodyDecoder
 from lota.catalog import Catalog, CatalogObject
 from lota.config import Config
-from lota.regions.accelerate import Accelerator, is_accelerated_upload
+from lota.regions.accelerate import Accelerator
 from lota.regions.listing import (
     Entry,
     ListRequest,
@@ -33,6 +33,7 @@ from lota.regions.listing import (
 from lota.regions.origin import OriginClient
 from lota.regions.origin_pages import origin_page
 from lota.regions.origins import Origins
+from lota.regions.uploads import Uploads, is_accelerated_upload
 from lota.s3.addressing import Target
 from lota.s3.errors import S3Error
 from lota.s3.operations import Op, Operation
@@ -68,6 +69,7 @@ class RegionalRouter:
         self._config = config
         self.catalog = catalog
         self.accelerator = accelerator
+        self.uploads = Uploads(accelerator, config.body_timeout)
         self._origins = origins
 
     async def read(self, request: web.BaseRequest, target: Target) -> web.StreamResponse | None:
@@ -77,7 +79,7 @@ class RegionalRouter:
             return None
         latest = await self.catalog.get_object(target.bucket, target.key)
         if latest is not None and latest.pending:
-            return await self.accelerator.read(request, latest)
+            return await self.accelerator.read(request, target, latest)
         return None
 
     async def handle(
@@ -91,10 +93,13 @@ class RegionalRouter:
         name = operation.name
         if name in (Op.LIST_OBJECTS, Op.LIST_OBJECTS_V2):
             return await self._list(request, target, name)
+        if name == Op.LIST_MULTIPART_UPLOADS:
+            origin = self._origins.for_bucket(target.bucket)
+            return await self.uploads.list_uploads(request, target, origin)
         if name in _UPLOAD_CALLS:
             upload_id = request.query.get("uploadId", "")
             if is_accelerated_upload(upload_id):
-                return await self._upload_call(request, target, name, decoder, upload_id)
+                return await self._upload_call(request, target, operation, decoder, upload_id)
             if name == Op.COMPLETE_MULTIPART_UPLOAD and await self._pending(
                 target.bucket, target.key
             ):
@@ -103,12 +108,6 @@ class RegionalRouter:
                 raise _still_migrating()
             return None
         if name in _WRITES and await self._accelerates(target):
-            if name == Op.CREATE_MULTIPART_UPLOAD and self.accelerator.staging.mode != "bucket":
-                # Local-disk staging takes single PUTs; uploads go straight home, which is
-                # only safe when no earlier write of the key is still on its way there.
-                if await self._pending(target.bucket, target.key):
-                    raise _still_migrating()
-                return None
             return await self._write(request, target, operation, decoder)
         return None
 
@@ -141,29 +140,39 @@ class RegionalRouter:
             )
         if operation.name == Op.DELETE_OBJECT:
             return await accel.delete_object(target)
-        return await accel.create_multipart(request, target)
+        return await self.uploads.create(request, target)
 
     async def _upload_call(
         self,
         request: web.BaseRequest,
         target: Target,
-        name: str,
+        operation: Operation,
         decoder: BodyDecoder,
         upload_id: str,
     ) -> web.StreamResponse:
-        accel = self.accelerator
-        if name == Op.UPLOAD_PART:
+        uploads, name = self.uploads, operation.name
+        if name in (Op.UPLOAD_PART, Op.UPLOAD_PART_COPY):
             number = request.query.get("partNumber", "")
             if not number.isdigit() or not 1 <= int(number) <= 10000:
                 raise S3Error(
                     "InvalidArgument", "Part number must be an integer between 1 and 10000"
                 )
-            return await accel.upload_part(request, target, decoder, upload_id, int(number))
+            if name == Op.UPLOAD_PART:
+                return await uploads.upload_part(request, target, decoder, upload_id, int(number))
+            assert operation.copy_source is not None
+            return await uploads.upload_part_copy(
+                request,
+                target,
+                upload_id,
+                int(number),
+                operation.copy_source,
+                operation.copy_source_version,
+            )
         if name == Op.COMPLETE_MULTIPART_UPLOAD:
-            return await accel.complete_multipart(request, target, decoder, upload_id)
-        if name == Op.ABORT_MULTIPART_UPLOAD:
-            return await accel.abort_multipart(upload_id)
-        raise S3Error("NotImplemented", f"{name} is not supported for accelerated uploads yet")
+            return await uploads.complete(request, target, decoder, upload_id)
+        if name == Op.LIST_PARTS:
+            return await uploads.list_parts(request, target, upload_id)
+        return await uploads.abort(upload_id)
 
     async def delete_objects(self, target: Target, deletes: DeleteRequest) -> bytes | None:
         """DeleteObjects of the (authorized) entries, as a DeleteResult; None when the

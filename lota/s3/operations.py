@@ -54,6 +54,7 @@ class Op(StrEnum):
     COMPLETE_MULTIPART_UPLOAD = "CompleteMultipartUpload"
     ABORT_MULTIPART_UPLOAD = "AbortMultipartUpload"
     LIST_PARTS = "ListParts"
+    LIST_MULTIPART_UPLOADS = "ListMultipartUploads"
     # Not S3's: LOTA's own /_lota/ calls, and a request that failed before it had a name.
     ADMIN = "Admin"
     PEER = "Peer"  # another node of the cluster asking (/_lota/peer/)

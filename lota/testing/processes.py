@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -81,7 +82,9 @@ class LotaProcess:
         self.env = {**os.environ, **ORIGIN_KEYS, "LOTA_WORKERS": "1", **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> LotaProcess:
+    def start(self, timeout: float = 30.0, *, ready: bool = True) -> LotaProcess:
+        """Start it and wait until ``readyz`` says ready (or, `ready` False, answers at all:
+        a node that is up but not ready, 503)."""
         log = self.log_path.open("ab")
         limit = [] if self.nofile is None else ["prlimit", f"--nofile={self.nofile}", "--"]
         self.proc = subprocess.Popen(
@@ -102,6 +105,10 @@ class LotaProcess:
                 ) as r:
                     if r.status == 200:
                         return self
+            except urllib.error.HTTPError as err:
+                if not ready and err.code == 503:
+                    return self
+                time.sleep(0.05)
             except OSError:
                 time.sleep(0.05)
         self.kill()

@@ -19,7 +19,7 @@ import pytest
 
 from lota.catalog import Catalog, CatalogSettings, EventKind, PendingObject, open_catalog
 from lota.clock import FakeClock
-from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError
+from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError, StagingSwept
 from tests.postgres import PostgresServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -349,6 +349,74 @@ async def test_a_delete_migrates_too(catalog: Catalog) -> None:
     assert put < tomb
 
 
+async def test_a_migrated_version_is_requeued_only_while_its_staging_copy_is_there(
+    catalog: Catalog,
+) -> None:
+    seq = await catalog.commit_object(pending("again"))
+    await catalog.claim_migrations(limit=10, lease_seconds=60)
+    assert await catalog.complete_migration("bkt", "again", seq)
+    assert await catalog.requeue_migration("bkt", "again", seq)
+    row = await catalog.get_object("bkt", "again")
+    assert row is not None and row.state == "pending"
+    [claimed] = await catalog.claim_migrations(limit=10, lease_seconds=60)
+    assert claimed.seq == seq and await catalog.complete_migration("bkt", "again", seq)
+    await catalog.staging_deleted([seq])
+    assert not await catalog.requeue_migration("bkt", "again", seq)
+
+
+# -- staging copies, uploads, documents ---------------------------------------------------
+
+
+async def test_the_orphan_sweep_and_commits_never_both_win_a_staging_copy(
+    open_node: OpenNode,
+) -> None:
+    a, b = await open_node("node-a"), await open_node("node-b")
+    await a.commit_object(pending("named"))
+    swept = await b.sweep_orphans(["stage/named", "stage/orphan", "file://n/x"])
+    assert sorted(swept) == ["file://n/x", "stage/orphan"]
+    with pytest.raises(StagingSwept):
+        await a.commit_object(pending("orphan"))
+    with pytest.raises(StagingSwept):
+        await a.commit_object(pending("disk", staging_key="", local_path="file://n/x"))
+    assert await a.get_object("bkt", "orphan") is None
+    # Racing: each name goes to exactly one side.
+    names = [f"race{i}" for i in range(20)]
+    commits = [a.commit_object(pending(n)) for n in names]
+    results = await asyncio.gather(
+        b.sweep_orphans([f"stage/{n}" for n in names]), *commits, return_exceptions=True
+    )
+    swept_names = {name.removeprefix("stage/") for name in results[0]}  # type: ignore[union-attr]
+    committed = {n for n, r in zip(names, results[1:], strict=True) if isinstance(r, int)}
+    assert swept_names.isdisjoint(committed) and swept_names | committed == set(names)
+
+
+async def test_uploads_in_progress_list_in_key_order_and_page(catalog: Catalog) -> None:
+    for key, upload in [("b/2", "u3"), ("a", "u2"), ("b/1", "u1"), ("b/1", "u0"), ("c", "u4")]:
+        await catalog.record_upload("bkt", key, upload)
+    await catalog.record_upload("other", "b/1", "u9")
+    found = await catalog.list_uploads("bkt", "b/")
+    assert [(u.key, u.upload_id) for u in found] == [("b/1", "u0"), ("b/1", "u1"), ("b/2", "u3")]
+    page = await catalog.list_uploads("bkt", "", ("b/1", "u0"), limit=2)
+    assert [(u.key, u.upload_id) for u in page] == [("b/1", "u1"), ("b/2", "u3")]
+    await catalog.forget_upload("u1")
+    assert [u.upload_id for u in await catalog.list_uploads("bkt", "b/")] == ["u0", "u3"]
+
+
+async def test_documents_are_versioned_and_announced_to_every_node(open_node: OpenNode) -> None:
+    a, b = await open_node("node-a"), await open_node("node-b")
+    assert await b.get_document("rules") is None
+    async with await b.events() as stream:
+        assert await a.put_document("rules", '{"rules": []}') == 1
+        assert await a.put_document("rules", '{"rules": [1]}') == 2
+        seen = []
+        async for event in stream:
+            seen.append((event.kind, event.key, event.seq))
+            if len(seen) == 2:
+                break
+    assert seen == [(EventKind.DOCUMENT, "rules", 1), (EventKind.DOCUMENT, "rules", 2)]
+    assert await b.get_document("rules") == (2, '{"rules": [1]}')
+
+
 # -- named leases -------------------------------------------------------------------------
 
 
@@ -561,7 +629,7 @@ async def test_processes_opening_a_new_catalog_at_once_migrate_it_once(catalog_u
     codes = [await asyncio.to_thread(proc.wait, 30) for proc in procs]
     assert codes == [0, 0, 0, 0]
     versions = await raw_rows(catalog_url, "SELECT version FROM schema_version ORDER BY version")
-    assert versions == [(1,)]
+    assert versions == [(1,), (2,)]
     keys = await raw_rows(catalog_url, "SELECT key FROM objects ORDER BY key")
     assert keys == [("p0",), ("p1",), ("p2",), ("p3",)]
 

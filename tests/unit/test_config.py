@@ -65,6 +65,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "write.migrate_bandwidth": ("100MB", lambda c: c.write.migrate_bandwidth == 10**8),
     "write.lease": ("2m", lambda c: c.write.lease == 120.0),
     "write.staging_grace": ("30s", lambda c: c.write.staging_grace == 30.0),
+    "write.create_staging": ("true", lambda c: c.write.create_staging is True),
     "lifecycle.interval": ("6h", lambda c: c.lifecycle.interval == 6 * 3600.0),
     "lifecycle.rate": ("2.5", lambda c: c.lifecycle.rate == 2.5),
     "lifecycle.lease": ("90s", lambda c: c.lifecycle.lease == 90.0),

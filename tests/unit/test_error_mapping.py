@@ -10,7 +10,7 @@ import pytest
 
 from lota.errors import CatalogError, CatalogUnavailable, OriginError
 from lota.node.errors import as_s3_error
-from lota.regions.accelerate import UPLOAD_ID_TAG, decode_upload_id, encode_upload_id
+from lota.regions.uploads import UPLOAD_ID_TAG, decode_upload_id, encode_upload_id
 from lota.s3.errors import S3Error
 
 
@@ -52,7 +52,12 @@ def test_an_unreadable_upload_id_is_no_such_upload(upload_id: str) -> None:
 
 def test_upload_ids_round_trip() -> None:
     upload_id = encode_upload_id("lota-staging/k", "u-1", {"Content-Type": "text/plain"})
-    assert decode_upload_id(upload_id) == ("lota-staging/k", "u-1", {"content-type": "text/plain"})
+    assert decode_upload_id(upload_id) == (
+        "lota-staging/k",
+        "u-1",
+        {"content-type": "text/plain"},
+        "",
+    )
 
 
 def test_an_error_echoing_what_xml_cannot_carry_still_parses() -> None:

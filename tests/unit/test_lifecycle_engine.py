@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from lota.clock import Clock, FakeClock
 from lota.errors import CatalogError, OriginError
 from lota.lifecycle.access import AccessRecorder
 from lota.lifecycle.config import LifecycleConfig
-from lota.lifecycle.engine import LEASE, Engine, parse_time
+from lota.lifecycle.engine import LEASE, Engine
 from lota.lifecycle.rules import DAY, Decision, ObjectInfo, Rule, Tiers, Transition, plan
 
 START = 1_900_000_000.0
@@ -249,12 +248,6 @@ async def test_a_run_that_loses_its_lease_stops_at_once(tmp_path: Path) -> None:
     finally:
         await shared.close()
         await thief.close()
-
-
-def test_s3_times_parse() -> None:
-    assert parse_time("2027-03-01T00:00:00.000Z") == datetime(2027, 3, 1, tzinfo=UTC).timestamp()
-    with pytest.raises(OriginError):
-        parse_time("yesterday")
 
 
 # -- the access recorder ----------------------------------------------------------------------

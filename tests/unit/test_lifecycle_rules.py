@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -17,7 +18,9 @@ from lota.lifecycle.rules import (
     Tiers,
     Transition,
     child_of,
+    explain,
     listing_prefix,
+    needs_tags,
     plan,
     splits_directory,
 )
@@ -251,7 +254,8 @@ def test_listing_prefix_is_what_every_rule_of_the_bucket_shares() -> None:
         ({"bucket": "ckpt", "transitions": [{"days": 5, "tier": "warm"}]}, "days_since"),
         ({"bucket": "ckpt", "min_size": "lots"}, "not a size"),
         ({"bucket": "ckpt", "keep_latest": "3"}, "whole number"),
-        ({"bucket": "ckpt", "tags": {}}, "unknown setting"),
+        ({"bucket": "ckpt", "tags": {"stage": 1}}, "table of strings"),
+        ({"bucket": "ckpt", "tag": {"stage": "final"}}, "unknown setting"),
     ],
 )
 def test_bad_rules_are_refused_with_a_reason(data: dict[str, object], message: str) -> None:
@@ -291,15 +295,54 @@ def test_the_lifecycle_section_parses_with_defaults() -> None:
         from_toml({"tiers": {"lukewarm": "STANDARD"}})
 
 
-def test_rules_are_replaced_at_runtime_only_when_valid() -> None:
+async def test_rules_are_replaced_at_runtime_only_when_valid() -> None:
     state = LifecycleState(rules_from_data([{"bucket": "ckpt"}]))
-    new = state.replace(
+    new = await state.replace(
         b'{"rules": [{"bucket": "data", "prefix": "raw/", '
         b'"transitions": [{"days_since_last_access": 60, "tier": "archive"}]}]}'
     )
     assert [r.name for r in new] == ["data/raw/"] and state.rules == new
     for bad in (b"not json", b'[{"bucket": "data", "keep_latest": -1}]', b'{"rulez": []}'):
         with pytest.raises(ConfigError):
-            state.replace(bad)
-    assert state.rules == new
+            await state.replace(bad)
+    assert state.rules == new and state.version == 1
     assert LifecycleState(rules_from_data(json.loads(state.as_json())["rules"])).rules == new
+
+
+def test_a_tag_filtered_rule_governs_only_the_objects_carrying_all_its_tags() -> None:
+    final = Rule(
+        bucket="ckpt",
+        prefix="runs/",
+        tags=(("stage", "final"), ("team", "a")),
+        transitions=(Transition(30, "cold"),),
+    )
+    rest = Rule(bucket="ckpt", prefix="runs/", transitions=(Transition(90, "archive"),))
+    tagged = [
+        replace(obj("runs/1", age=40), tags={"stage": "final", "team": "a", "x": "y"}),
+        replace(obj("runs/2", age=40), tags={"stage": "final"}),
+        replace(obj("runs/3", age=100), tags={}),
+    ]
+    assert moved(plan(tagged, {}, [final, rest], Tiers(), NOW)) == {
+        "runs/1": "cold",
+        "runs/3": "archive",
+    }
+    assert needs_tags(obj("runs/x"), [final, rest]) and not needs_tags(obj("other"), [final])
+    assert not needs_tags(obj("runs/x"), [rest, final])  # a tagless rule matches first
+    assert rules_from_data([{"bucket": "ckpt", "tags": {"stage": "final"}}])[0].as_dict()[
+        "tags"
+    ] == {"stage": "final"}
+
+
+def test_status_says_which_rule_moves_an_object_where_and_when_or_why_never() -> None:
+    rule = Rule(bucket="ckpt", prefix="runs/", transitions=(Transition(60, "archive"),))
+    status = explain(obj("runs/a", age=10), None, [rule], Tiers(), NOW)
+    assert (status.tier, status.rule, status.next_tier) == ("hot", "ckpt/runs/", "archive")
+    assert status.due_at == NOW + 50 * DAY
+    due = explain(obj("runs/a", age=100), None, [rule], Tiers(), NOW)
+    assert due.due_at is not None and due.due_at <= NOW
+    usage = read("runs/a", days_ago=5)[("ckpt", "runs/a")]
+    assert explain(obj("runs/a", age=100), usage, [rule], Tiers(), NOW).due_at == NOW + 55 * DAY
+    assert "never moves" in explain(obj("other"), None, [rule], Tiers(), NOW).note
+    assert "min_size" in explain(obj("runs/s", size=10), None, [rule], Tiers(), NOW).note
+    done = explain(obj("runs/d", cls="DEEP_ARCHIVE"), None, [rule], Tiers(), NOW)
+    assert done.tier == "archive" and not done.next_tier

@@ -36,7 +36,7 @@ class Catalog:
 
 
 def migrator(catalog: Catalog, copy_seconds: float) -> tuple[Migrator, list[str]]:
-    m = Migrator(catalog, None, None, WriteConfig(lease=0.3), Metrics(), FakeClock())  # type: ignore[arg-type]
+    m = Migrator(catalog, None, None, None, WriteConfig(lease=0.3), Metrics(), FakeClock())  # type: ignore[arg-type]
     landed: list[str] = []
 
     async def move(obj: CatalogObject) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lota.regions import staging
+from lota.regions import staging_disk as staging
 
 
 async def test_a_cancelled_write_closes_its_file_only_after_the_write_in_progress(
@@ -33,7 +33,7 @@ async def test_a_cancelled_write_closes_its_file_only_after_the_write_in_progres
         yield b"A" * 8 + b"B" * 8
 
     staged = tmp_path / "bucket" / "staged"
-    task = asyncio.create_task(staging._write_file(staged, body()))
+    task = asyncio.create_task(staging.write_file(staged, body()))
     await asyncio.to_thread(halfway.wait, 10)
     task.cancel()
     await asyncio.sleep(0.05)

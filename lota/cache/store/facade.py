@@ -303,6 +303,23 @@ class CacheStore:
             await self._index.backpressure()
         return obj
 
+    def adopt(self, obj: CachedObject, meta: ObjectMeta) -> CachedObject | None:
+        """Make `obj`, an entry filled under a name of its own, the entry of `meta`, chunks
+        and all: how the bytes of a written object, kept as they arrived, become its cached
+        copy once its ETag is known (:class:`lota.cache.intake.Intake`). The entry there
+        before is dropped as by :meth:`invalidate`. None if `obj` died meanwhile (evicted,
+        invalidated) or is not `meta`'s size."""
+        if not obj.alive or obj.meta.size != meta.size:
+            return None
+        self.epoch += 1
+        current = self.lookup(meta.bucket, meta.key)
+        if current is not None and current is not obj:
+            self._table.forget(current)
+            self._counts["replaced"] += 1
+        self._table.rename(obj, meta)
+        self._index.put_object(object_row(obj))
+        return obj
+
     async def invalidate(self, bucket: str, key: str) -> None:
         """Drop the entry and its chunks (writes and deletes through LOTA call this)."""
         self.epoch += 1

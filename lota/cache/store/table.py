@@ -100,6 +100,19 @@ class ChunkTable:
         self._stems[stem] = obj
         return obj
 
+    def rename(self, obj: CachedObject, meta: ObjectMeta) -> None:
+        """`obj` becomes the entry of `meta`, found under its (bucket, key) from now on, its
+        chunks and file stem unchanged; whatever entry was there must be forgotten first.
+        Its pinning stays as it was: the caller names it so that it matches (see
+        :class:`lota.cache.intake.Intake`)."""
+        objects = self._objects.get(obj.meta.bucket, {})
+        if objects.get(obj.meta.key) is obj:
+            del objects[obj.meta.key]
+            if not objects:
+                del self._objects[obj.meta.bucket]
+        obj.meta = meta
+        self._objects.setdefault(meta.bucket, {})[meta.key] = obj
+
     def _is_pinned(self, meta: ObjectMeta) -> bool:
         return f"{meta.bucket}/{meta.key}".startswith(self._pinned) if self._pinned else False
 
