@@ -109,7 +109,9 @@ async def lota_with_origin(
                 lines += ['  { days_since_last_access = 60, tier = "archive" }]']
                 await asyncio.to_thread(_create_buckets, origin, far)
             config.write_text("\n".join(lines) + "\n")
-            node = LotaProcess(["--config", str(config)], log_path=work / "lota.log").start()
+            node = LotaProcess(["--config", str(config)], log_path=work / "lota.log")
+            # In a thread: the WAN link runs on this loop, and readiness checks the origin.
+            await asyncio.to_thread(node.start)
             try:
                 yield Setup(origin, node, work, far)
             finally:

@@ -25,6 +25,7 @@ from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
+from botocore import UNSIGNED
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lota.config import Config, RegionConfig
@@ -42,6 +43,7 @@ _CONFIG = {
     "request_checksum_calculation": "when_required",
     "response_checksum_validation": "when_required",
 }
+_ANONYMOUS = {"signature_version": UNSIGNED}
 
 
 class ControlPlane:
@@ -76,9 +78,11 @@ class ControlPlane:
                 "s3",
                 endpoint_url=region.endpoint,
                 region_name=region.signing_region,
+                # The data path's credentials, never botocore's own chain (which the data
+                # path cannot follow); none configured: anonymous requests.
                 aws_access_key_id=region.access_key_id or None,
                 aws_secret_access_key=region.secret_access_key or None,
-                config=AioConfig(**_CONFIG),
+                config=AioConfig(**_CONFIG, **({} if region.access_key_id else _ANONYMOUS)),
             )
         )
         requests = self._metrics.origin_requests

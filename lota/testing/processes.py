@@ -96,6 +96,7 @@ class LotaProcess:
         log.close()
         deadline = time.monotonic() + timeout
         context = unverified_context()
+        why = "no answer"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"lota exited {self.proc.returncode}:\n{self.log_tail()}")
@@ -108,11 +109,12 @@ class LotaProcess:
             except urllib.error.HTTPError as err:
                 if not ready and err.code == 503:
                     return self
+                why = err.read().decode(errors="replace").strip()
                 time.sleep(0.05)
             except OSError:
                 time.sleep(0.05)
         self.kill()
-        raise RuntimeError(f"lota did not become ready:\n{self.log_tail()}")
+        raise RuntimeError(f"lota did not become ready ({why}):\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
