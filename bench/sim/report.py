@@ -123,6 +123,7 @@ def step_figures(
         "gbps": sum(s.size for s in r.samples) / r.wall / 1e9,
         "per_gpu_MBps": per_gpu(r),
         "links": r.links,
+        "origin_bytes_by_node": [metric(c, "lota_origin_bytes_in_total") for c in r.counters],
         "peer_served_bytes_by_node": [metric(c, "lota_peer_served_bytes_total") for c in near],
         "peer_fallbacks": node_sum(near, "lota_peer_fallbacks_total"),
         "crosscheck": crosscheck(r, through, restarted),

@@ -6,7 +6,8 @@ emulated WAN links, a LOTA node in the far region, and ``gpus-per-node`` simulat
 node reading through their own node with aiobotocore (see :mod:`bench.sim.run_topology`,
 :mod:`bench.sim.run_gpus`). Then the workloads of :mod:`bench.sim.workloads`, step by step,
 with a node killed (SIGKILL) and restarted in the middle of one step, and progress on the
-terminal. The report (``DIR/report.json``, ``report.md`` and PNG plots) is made by
+terminal. The nodes' logs are copied to ``DIR/logs/``. The report (``DIR/report.json``,
+``report.md`` and PNG plots) is made by
 :mod:`bench.sim.report` and :mod:`bench.sim.plots` from what the GPUs saw and what the
 nodes' own ``/_lota/metrics`` counted.
 
@@ -27,6 +28,7 @@ import multiprocessing
 import multiprocessing.queues
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import time
@@ -195,8 +197,11 @@ def build_steps(args: argparse.Namespace, cat: Catalogue, world: int) -> list[St
     if "xregion-save" in phases:
         far = list(range(world, world + args.far_gpus))
         back = [readback_step(sizes, world, args.gpus_per_node, far, n) for n in ("a", "b")]
-        steps += [save_step(sizes, world, False), _named(back[0], "read back (pending)")]
-        steps += [save_step(sizes, world, True), "migrate", _named(back[1], "read back (home)")]
+        # Straight to the far origin first, on links and cores nothing else is using (no
+        # migration in flight), then the same saves through LOTA.
+        steps += [save_step(sizes, world, True), save_step(sizes, world, False)]
+        steps += [_named(back[0], "read back (pending)"), "migrate"]
+        steps += [_named(back[1], "read back (home)")]
     return steps
 
 
@@ -312,6 +317,9 @@ async def simulate(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         raise
     finally:
         await topology.close()
+        (args.out / "logs").mkdir(exist_ok=True)
+        for log in root.glob("*.log"):
+            shutil.copy(log, args.out / "logs" / log.name)
 
 
 def make_shape(args: argparse.Namespace, cat: Catalogue) -> Shape:
