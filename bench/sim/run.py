@@ -90,6 +90,9 @@ class StepResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+KILL_AT = 0.25  # the share of a step done when its node is killed
+
+
 class Driver:
     """Runs steps in the GPU process, prints progress, kills and restarts the node."""
 
@@ -135,7 +138,10 @@ class Driver:
 
     def _restart_due(self, step: Step, progress: dict[str, Any]) -> bool:
         r = self.restart
-        return r is not None and r.step == step.name and progress["fraction"] >= 0.5
+        # A quarter in: the node's counters are scraped before the SIGKILL, which takes a
+        # moment on a busy machine, and the GPUs read in waves; at a half the kill could
+        # land after the step's last read.
+        return r is not None and r.step == step.name and progress["fraction"] >= KILL_AT
 
     async def _restart(self) -> None:
         """Kill the node (SIGKILL, its counters kept first), wait, start it again."""
