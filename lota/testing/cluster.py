@@ -9,7 +9,8 @@ test secret :data:`CLUSTER_SECRET`::
         cluster.kill(2)        # SIGKILL, as a node that dies
         cluster.restart(2)     # same port, same cache directory
 
-Extra settings go in per TOML section: ``settings={"cache": {"chunk_size": "1MiB"}}``.
+Extra settings go in per TOML section: ``settings={"cache": {"chunk_size": "1MiB"}}``;
+one node's own (its rack, the addresses it dials) with :meth:`LocalCluster.configure`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ from lota.testing.processes import HOST, LotaProcess
 
 # Public: use it only for nodes a test or a benchmark started.
 CLUSTER_SECRET = "lota-test-cluster-secret-0123456789"
+
+
+def _toml(value: Any) -> str:
+    """A TOML value: a mapping as an inline table (``cluster.dial``), the rest as JSON,
+    which TOML reads the same for strings, numbers, booleans and lists."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
 
 
 class LocalCluster:
@@ -45,14 +54,20 @@ class LocalCluster:
         """`clustered` off: the same nodes, each alone (no ``[cluster]``), to compare."""
         self.root = root
         self.clustered = clustered
+        self._common = (origin, credentials, cache_size, settings or {})
         self.nodes = [
             LotaProcess([], log_path=root / f"node-{i}.log", env=env) for i in range(size)
         ]
         self.members = [f"{HOST}:{node.port}" for node in self.nodes]
-        for i, node in enumerate(self.nodes):
-            config = root / f"node-{i}.toml"
-            config.write_text(self._config(i, origin, credentials, cache_size, settings or {}))
-            node.args = ["--listen", self.members[i], "--config", str(config)]
+        for i in range(size):
+            self.configure(i, {})
+
+    def configure(self, i: int, settings: Mapping[str, Mapping[str, Any]]) -> None:
+        """Node `i`'s own settings, per TOML section, over the cluster's (a rack, the
+        addresses it dials its peers at); they apply from its next start."""
+        config = self.root / f"node-{i}.toml"
+        config.write_text(self._config(i, *self._common, settings))
+        self.nodes[i].args = ["--listen", self.members[i], "--config", str(config)]
 
     def _config(
         self,
@@ -61,6 +76,7 @@ class LocalCluster:
         credentials: Path,
         cache_size: str,
         settings: Mapping[str, Mapping[str, Any]],
+        own: Mapping[str, Mapping[str, Any]],
     ) -> str:
         sections: dict[str, dict[str, Any]] = {
             "cache": {"dirs": [str(self.root / f"cache-{i}")], "size": cache_size},
@@ -73,10 +89,11 @@ class LocalCluster:
                 "secret": CLUSTER_SECRET,
                 "refresh": "1s",
             }
-        for section, values in settings.items():
-            sections.setdefault(section, {}).update(values)
+        for layer in (settings, own):
+            for section, values in layer.items():
+                sections.setdefault(section, {}).update(values)
         return "".join(
-            f"[{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+            f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
             for name, values in sections.items()
         )
 
