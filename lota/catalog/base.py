@@ -191,6 +191,11 @@ class Catalog(abc.ABC):
         """An accelerated multipart upload started (ListMultipartUploads shows it)."""
 
     @abc.abstractmethod
+    async def get_upload(self, upload_id: str) -> UploadRecord | None:
+        """The upload `upload_id` if it is in progress (started here, not yet completed or
+        aborted)."""
+
+    @abc.abstractmethod
     async def forget_upload(self, upload_id: str) -> None:
         """The upload was completed or aborted."""
 

@@ -133,9 +133,10 @@ UPDATE objects SET state = 'pending', retry_at = 0, retired_at = NULL, migrated_
 WHERE seq = $1 AND bucket = $2 AND key = $3 AND latest AND state = 'migrated'
   AND NOT staging_deleted
 """
-_UPLOADS = """
-SELECT bucket, key, upload_id, node, created_at FROM uploads
-WHERE bucket = $1 AND (key > $2 OR (key = $2 AND upload_id > $3)) AND key >= $4{end}
+_UPLOAD_COLUMNS = "SELECT bucket, key, upload_id, node, created_at FROM uploads"
+_UPLOADS = f"""
+{_UPLOAD_COLUMNS}
+WHERE bucket = $1 AND (key > $2 OR (key = $2 AND upload_id > $3)) AND key >= $4{{end}}
 ORDER BY key, upload_id LIMIT $5
 """
 _PUT_DOCUMENT = f"""
@@ -350,6 +351,10 @@ class PostgresCatalog(Catalog):
     async def record_upload(self, bucket: str, key: str, upload_id: str) -> None:
         sql = "INSERT INTO uploads VALUES ($1, $2, $3, $4, $5) ON CONFLICT (upload_id) DO NOTHING"
         await self._execute(sql, upload_id, bucket, key, self.node, self.clock.time())
+
+    async def get_upload(self, upload_id: str) -> UploadRecord | None:
+        rows = await self._fetch(f"{_UPLOAD_COLUMNS} WHERE upload_id = $1", upload_id)
+        return UploadRecord(**dict(rows[0].items())) if rows else None
 
     async def forget_upload(self, upload_id: str) -> None:
         await self._execute("DELETE FROM uploads WHERE upload_id = $1", upload_id)

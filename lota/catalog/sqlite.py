@@ -113,9 +113,10 @@ _NAMED = (
     "SELECT EXISTS (SELECT 1 FROM objects WHERE staging_key = :n)"
     " OR EXISTS (SELECT 1 FROM objects WHERE local_path = :n)"
 )
-_UPLOADS = """
-SELECT bucket, key, upload_id, node, created_at FROM uploads
-WHERE bucket = ? AND (key > ? OR (key = ? AND upload_id > ?)) AND key >= ?{end}
+_UPLOAD_COLUMNS = "SELECT bucket, key, upload_id, node, created_at FROM uploads"
+_UPLOADS = f"""
+{_UPLOAD_COLUMNS}
+WHERE bucket = ? AND (key > ? OR (key = ? AND upload_id > ?)) AND key >= ?{{end}}
 ORDER BY key, upload_id LIMIT ?
 """
 _EVENT_COLUMNS = "id, kind, bucket, key, seq, node, at"
@@ -276,6 +277,11 @@ class SQLiteCatalog(Catalog):
         sql = "INSERT OR REPLACE INTO uploads VALUES (?, ?, ?, ?, ?)"
         params = (upload_id, bucket, key, self.node, self.clock.time())
         await self._run(self._write_count, sql, params)
+
+    async def get_upload(self, upload_id: str) -> UploadRecord | None:
+        sql = f"{_UPLOAD_COLUMNS} WHERE upload_id = ?"
+        rows = await self._run(self._query, sql, (upload_id,))
+        return UploadRecord(**dict(zip(rows[0].keys(), rows[0], strict=True))) if rows else None
 
     async def forget_upload(self, upload_id: str) -> None:
         await self._run(self._write_count, "DELETE FROM uploads WHERE upload_id = ?", (upload_id,))

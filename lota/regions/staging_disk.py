@@ -50,13 +50,19 @@ class DiskArea:
         self.where = f"staging directory {directory} of node {node}"
 
     def path(self, key: str) -> str:
-        return str(self._dir / key)
+        return str(self._file(key))
+
+    def _file(self, key: str) -> Path:
+        """The file of staging key `key`, which never leads out of the directory."""
+        if not key or key.startswith("/") or ".." in Path(key).parts:
+            raise _no_such_upload()
+        return self._dir / key
 
     def location(self, key: str) -> Location:
         return Location("file", self._node, "", self.path(key) if key else f"{self._dir}/")
 
     async def put(self, key: str, body: AsyncIterator[bytes], length: int) -> None:
-        await write_file(self._dir / key, body)
+        await write_file(self._file(key), body)
 
     async def read(self, path: str, first: int, last: int | None) -> AsyncIterator[bytes]:
         async for piece in _read_file(Path(path), first, last):
@@ -113,7 +119,7 @@ class DiskArea:
         sizes = check_parts(chosen, await self._parts(upload))
         directory = self._upload_dir(upload)
         files = [directory / f"{number}.{etag.strip(chr(34))}" for number, etag in chosen]
-        await write_file(self._dir / key, _joined(files))
+        await write_file(self._file(key), _joined(files))
         await asyncio.to_thread(shutil.rmtree, directory, True)
         return multipart_etag([etag for _, etag in chosen]), sizes
 

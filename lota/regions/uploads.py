@@ -5,8 +5,10 @@ of the staging bucket, or part files on local disk), part for part, so the stage
 has the part boundaries and the ETag its home copy will have. Its UploadId carries the
 staging key, the staging upload and the object's headers (:func:`encode_upload_id`), so
 any node can take its parts; the catalog records it while it is in progress, for
-ListMultipartUploads. Each part is kept in the cache of the node it went through, and the
-completion joins those into the object's cached copy (:meth:`WriteCache.join`).
+ListMultipartUploads, and a call names an upload only if the catalog has it on record for
+that bucket and key (an UploadId is the client's to send: its contents are not proof).
+Each part is kept in the cache of the node it went through, and the completion joins
+those into the object's cached copy (:meth:`WriteCache.join`).
 
 * CreateMultipartUpload, UploadPart, UploadPartCopy (from any source, pending or home, a
   byte range of it if asked), ListParts, CompleteMultipartUpload, AbortMultipartUpload;
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from collections.abc import Mapping
 from xml.sax.saxutils import escape
@@ -36,12 +39,15 @@ from lota.regions.multipart import (
 from lota.regions.origin import OriginClient
 from lota.regions.origin_pages import refusal
 from lota.regions.staged import STORED_HEADERS
+from lota.regions.staging import STAGING_PREFIX, StagingArea
 from lota.relay import read_small_body, verified_body
 from lota.s3.addressing import Target
 from lota.s3.errors import S3Error
 from lota.s3.xml import S3_NS
 
 UPLOAD_ID_TAG = "lota1."
+# A staging key as StagingAreas.new_key makes them: the prefix, the bucket, a uuid.
+_STAGING_KEY = re.compile(re.escape(STAGING_PREFIX) + r"[^/]+/[0-9a-f]{32}")
 COMPLETE_BODY_LIMIT = 4 * 1024 * 1024
 
 
@@ -76,8 +82,7 @@ class Uploads:
         upload_id: str,
         number: int,
     ) -> web.StreamResponse:
-        key, upload, _, root = decode_upload_id(upload_id)
-        area = self._staging.area_at(root)
+        key, upload, _, area = await self._open(target, upload_id)
         length = length_of(decoder)
         body = verified_body(request, decoder, self._body_timeout)
         name = part_name(target.key, upload, number)
@@ -103,8 +108,7 @@ class Uploads:
         version_id: str,
     ) -> web.StreamResponse:
         """UploadPartCopy: the source (`x-amz-copy-source-range` of it, if given) as a part."""
-        key, upload, _, root = decode_upload_id(upload_id)
-        area = self._staging.area_at(root)
+        key, upload, _, area = await self._open(target, upload_id)
         wanted = request.headers.get("x-amz-copy-source-range", "")
         if wanted and not wanted.replace(" ", "").startswith("bytes="):
             raise S3Error("InvalidArgument", "The x-amz-copy-source-range value must be bytes=a-b.")
@@ -124,6 +128,24 @@ class Uploads:
             f"<LastModified>{iso(time.time())}</LastModified><ETag>&quot;{md5}&quot;</ETag>",
         )
 
+    async def _open(
+        self, target: Target, upload_id: str
+    ) -> tuple[str, str, dict[str, str], StagingArea]:
+        """(staging key, staging upload, headers, staging area) of an upload of `target`
+        in progress. An UploadId is the client's to send, so what it carries is believed
+        only for an upload the catalog has on record for this bucket and key, staged
+        under this bucket's staging prefix."""
+        key, upload, headers, root = decode_upload_id(upload_id)
+        record = await self._catalog.get_upload(upload_id)
+        if (
+            record is None
+            or (record.bucket, record.key) != (target.bucket, target.key)
+            or not _STAGING_KEY.fullmatch(key)
+            or key.split("/")[1] != target.bucket
+        ):
+            raise S3Error("NoSuchUpload")
+        return key, upload, headers, self._staging.area_at(root)
+
     async def _keep_part(
         self, intake: Intake, target: Target, upload: str, number: int, md5: str, size: int
     ) -> None:
@@ -134,18 +156,17 @@ class Uploads:
     async def list_parts(
         self, request: web.BaseRequest, target: Target, upload_id: str
     ) -> web.StreamResponse:
-        key, upload, _, root = decode_upload_id(upload_id)
+        key, upload, _, area = await self._open(target, upload_id)
         marker = _number(request.query.get("part-number-marker", "0"), "part-number-marker")
         limit = min(1000, _number(request.query.get("max-parts", "1000"), "max-parts"))
-        page = await self._staging.area_at(root).list_parts(key, upload, marker, limit)
+        page = await area.list_parts(key, upload, marker, limit)
         body = list_parts_result(target.bucket, target.key, upload_id, page, marker, limit)
         return web.Response(body=body, content_type="application/xml")
 
     async def complete(
         self, request: web.BaseRequest, target: Target, decoder: BodyDecoder, upload_id: str
     ) -> web.StreamResponse:
-        key, upload, headers, root = decode_upload_id(upload_id)
-        area = self._staging.area_at(root)
+        key, upload, headers, area = await self._open(target, upload_id)
         body = await read_small_body(request, decoder, COMPLETE_BODY_LIMIT, self._body_timeout)
         staged = await self._staging.complete_multipart(area, key, upload, body)
         chosen = parse_complete(body)
@@ -167,9 +188,9 @@ class Uploads:
             f"<ETag>{escape(etag)}</ETag>",
         )
 
-    async def abort(self, upload_id: str) -> web.StreamResponse:
-        key, upload, _, root = decode_upload_id(upload_id)
-        await self._staging.area_at(root).abort_multipart(key, upload)
+    async def abort(self, target: Target, upload_id: str) -> web.StreamResponse:
+        key, upload, _, area = await self._open(target, upload_id)
+        await area.abort_multipart(key, upload)
         await self._catalog.forget_upload(upload_id)
         return web.Response(status=204)
 

@@ -172,7 +172,7 @@ class RegionalRouter:
             return await uploads.complete(request, target, decoder, upload_id)
         if name == Op.LIST_PARTS:
             return await uploads.list_parts(request, target, upload_id)
-        return await uploads.abort(upload_id)
+        return await uploads.abort(target, upload_id)
 
     async def delete_objects(self, target: Target, deletes: DeleteRequest) -> bytes | None:
         """DeleteObjects of the (authorized) entries, as a DeleteResult; None when the

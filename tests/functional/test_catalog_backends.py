@@ -398,8 +398,11 @@ async def test_uploads_in_progress_list_in_key_order_and_page(catalog: Catalog) 
     assert [(u.key, u.upload_id) for u in found] == [("b/1", "u0"), ("b/1", "u1"), ("b/2", "u3")]
     page = await catalog.list_uploads("bkt", "", ("b/1", "u0"), limit=2)
     assert [(u.key, u.upload_id) for u in page] == [("b/1", "u1"), ("b/2", "u3")]
+    found_one = await catalog.get_upload("u9")
+    assert found_one is not None and (found_one.bucket, found_one.key) == ("other", "b/1")
     await catalog.forget_upload("u1")
     assert [u.upload_id for u in await catalog.list_uploads("bkt", "b/")] == ["u0", "u3"]
+    assert await catalog.get_upload("u1") is None
 
 
 async def test_documents_are_versioned_and_announced_to_every_node(open_node: OpenNode) -> None:

@@ -16,6 +16,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from lota.embedded import moto_server
+from lota.regions.uploads import decode_upload_id, encode_upload_id
 from lota.testing.processes import LotaProcess
 from tests.conftest import client_for
 from tests.functional.conftest import FAR, STAGING_A, MiB, TwoRegions, _direct, _metric
@@ -238,25 +239,29 @@ def test_a_node_whose_staging_bucket_is_missing_is_not_ready_and_says_why(
             node.kill()
 
 
+def _local_disk_node(tmp_path: Path, credentials_file: Path, near: str, far: str) -> LotaProcess:
+    config = tmp_path / "lota.toml"
+    config.write_text(
+        f'region = "us-east"\nnode = "n1"\n'
+        f'[cache]\ndirs = ["{tmp_path}/cache"]\nsize = "256MiB"\n'
+        f'[auth]\nmode = "sigv4"\ncredentials = "{credentials_file}"\n'
+        f'[catalog]\nurl = "sqlite:///{tmp_path}/catalog.db"\n'
+        '[write]\nstaging = "local-disk"\n'
+        f'staging_dir = "{tmp_path}/staging"\nstaging_grace = "0s"\n'
+        'migrate_bandwidth = "2MiB"\n'
+        f'[regions.us-east]\nendpoint = "{near}"\n[regions.eu-west]\nendpoint = "{far}"\n'
+        '[buckets]\n"far" = "eu-west"\n"other" = "eu-west"\n'
+    )
+    return LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log")
+
+
 def test_with_local_disk_staging_multipart_uploads_are_staged_and_land_in_commit_order(
     credentials_file: Path, tmp_path: Path
 ) -> None:
     with moto_server() as near, moto_server() as far:
         home = _direct(far)
         home.create_bucket(Bucket="far")
-        config = tmp_path / "lota.toml"
-        config.write_text(
-            f'region = "us-east"\nnode = "n1"\n'
-            f'[cache]\ndirs = ["{tmp_path}/cache"]\nsize = "256MiB"\n'
-            f'[auth]\nmode = "sigv4"\ncredentials = "{credentials_file}"\n'
-            f'[catalog]\nurl = "sqlite:///{tmp_path}/catalog.db"\n'
-            '[write]\nstaging = "local-disk"\n'
-            f'staging_dir = "{tmp_path}/staging"\nstaging_grace = "0s"\n'
-            'migrate_bandwidth = "2MiB"\n'
-            f'[regions.us-east]\nendpoint = "{near}"\n[regions.eu-west]\nendpoint = "{far}"\n'
-            '[buckets]\n"far" = "eu-west"\n'
-        )
-        node = LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log").start()
+        node = _local_disk_node(tmp_path, credentials_file, near, far).start()
         try:
             s3 = client_for(node.url)
             s3.put_object(Bucket="far", Key="ckpt", Body=b"OLD" * 1_400_000)  # ~2 s to migrate
@@ -280,5 +285,59 @@ def test_with_local_disk_staging_multipart_uploads_are_staged_and_land_in_commit
                 assert time.monotonic() < deadline, node.log_tail(20)
                 time.sleep(0.3)
             assert home.get_object(Bucket="far", Key="ckpt")["Body"].read() == data.read_bytes()
+        finally:
+            node.kill()
+
+
+def test_an_upload_id_is_believed_only_for_the_upload_the_catalog_has_on_record(
+    credentials_file: Path, tmp_path: Path
+) -> None:
+    """An UploadId is the client's to send: a forged one (a staging key out of the staging
+    directory, another bucket's staging) or a real one sent for another key or bucket is
+    NoSuchUpload, and nothing is written."""
+    with moto_server() as near, moto_server() as far:
+        for bucket in ("far", "other"):
+            _direct(far).create_bucket(Bucket=bucket)
+        node = _local_disk_node(tmp_path, credentials_file, near, far).start()
+        try:
+            s3 = client_for(node.url, retries={"max_attempts": 1})
+            real = s3.create_multipart_upload(Bucket="far", Key="mp/real")["UploadId"]
+            _, upload, headers, root = decode_upload_id(real)
+            escape = tmp_path / "escaped"
+            forged = [
+                encode_upload_id(f"lota-staging/far/../../../{escape.name}", upload, headers, root),
+                encode_upload_id(str(escape), upload, headers, root),
+                encode_upload_id("lota-staging/other/" + "0" * 32, upload, headers, root),
+            ]
+            calls = [(uid, "far", "mp/real") for uid in forged]
+            calls += [(real, "far", "mp/other-key"), (real, "other", "mp/real")]
+            for uid, bucket, key in calls:
+                with pytest.raises(s3.exceptions.NoSuchUpload):
+                    s3.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=1, Body=b"x")
+                with pytest.raises(s3.exceptions.NoSuchUpload):
+                    s3.list_parts(Bucket=bucket, Key=key, UploadId=uid)
+                with pytest.raises(s3.exceptions.ClientError) as failed:
+                    s3.complete_multipart_upload(
+                        Bucket=bucket,
+                        Key=key,
+                        UploadId=uid,
+                        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"x"'}]},
+                    )
+                assert failed.value.response["Error"]["Code"] == "NoSuchUpload"
+                with pytest.raises(s3.exceptions.ClientError) as failed:
+                    s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=uid)
+                assert failed.value.response["Error"]["Code"] == "NoSuchUpload"
+            assert not escape.exists()
+            # The real upload, sent for its own key, still works, whole.
+            part = s3.upload_part(
+                Bucket="far", Key="mp/real", UploadId=real, PartNumber=1, Body=b"ok"
+            )
+            s3.complete_multipart_upload(
+                Bucket="far",
+                Key="mp/real",
+                UploadId=real,
+                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+            )
+            assert s3.get_object(Bucket="far", Key="mp/real")["Body"].read() == b"ok"
         finally:
             node.kill()
