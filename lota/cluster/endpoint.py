@@ -7,7 +7,8 @@
                                                    the origin has another version
 ``POST /_lota/peer/fill?bucket=B&key=K&chunks=..`` fill those chunks of version ETAG, then
   ``If-Match: ETAG``                               200 ``{"filled", "cached", "failed"}``
-``POST /_lota/peer/invalidate?bucket=B&key=K``     drop this node's cached copy
+``POST /_lota/peer/invalidate?bucket=B&key=K``     drop this node's cached copy (every
+                                                   worker's, when another node asks)
 ``GET /_lota/peer/ping``                           200 while serving
 =================================================  =======================================
 
@@ -27,7 +28,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -63,16 +64,19 @@ class PeerEndpoint:
         alone_for: Callable[[str], Alone],
         local_for: Callable[[str], NodePlacement],
         metrics: Metrics,
+        tell_siblings: Callable[[str, list[str]], Awaitable[None]] | None = None,
     ) -> None:
         """`alone_for`: a bucket's placement in this process alone (what a sibling worker's
         call is answered from: it goes no further); `local_for`: over this node's workers
-        (what another node's call is answered from)."""
+        (what another node's call is answered from); `tell_siblings`: pass another node's
+        invalidation on to this node's other workers."""
         self._verifier = verifier
         self._cache = cache
         self._deliverer = deliverer
         self._alone_for = alone_for
         self._local_for = local_for
         self._metrics = metrics
+        self._tell_siblings = tell_siblings
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -93,6 +97,8 @@ class PeerEndpoint:
         if path == INVALIDATE and method == "POST":
             bucket, key = _target(request)
             await self._cache.invalidate(bucket, key)
+            if not sibling and self._tell_siblings is not None:
+                await self._tell_siblings(bucket, [key])
             return web.Response(text="ok\n")
         if path == PING and method == "GET":
             return web.Response(text="ok\n")

@@ -13,7 +13,9 @@ placements, the peer endpoint and Warm are constructed here and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -49,6 +51,8 @@ from lota.workers.fds import FdClient
 from lota.workers.node import Siblings, descriptor_server, worker_name
 from lota.workers.placement import Local
 from lota.workers.siblings import SiblingSource
+
+log = logging.getLogger("lota.node")
 
 
 @asynccontextmanager
@@ -148,6 +152,7 @@ async def build_cache(
             cached_etag=cached_etag,
             writes=WriteCache(service, reads.serve_version, metrics.cache_written_bytes),
         )
+        tell_siblings = _tell(peers, siblings.indexes) if siblings is not None else None
         secret = config.cluster.secret or (siblings.spec.secret if siblings else "")
         if secret:
             sender = Deliverer(service, metrics, sent=metrics.peer_served_bytes)
@@ -159,11 +164,12 @@ async def build_cache(
                 lambda b: alone[region_of(b)],
                 lambda b: local[region_of(b)],
                 metrics,
+                tell_siblings,
             )
 
             feature = replace(feature, peer=endpoint.handle)
-        if siblings is not None:
-            feature = replace(feature, tell_siblings=_tell(peers, siblings.indexes))
+        if tell_siblings is not None:
+            feature = replace(feature, tell_siblings=tell_siblings)
         if cluster is not None:
             feature = replace(feature, ready=cluster.is_ready, tell_nodes=cluster.invalidate)
         yield feature
@@ -237,9 +243,14 @@ def _usable(membership: Membership) -> Callable[[str], bool]:
 
 
 def _tell(peers: PeerClient, indexes: list[int]) -> Callable[[str, list[str]], Awaitable[None]]:
+    """Have the sibling workers drop their copies of `keys`, all at once; siblings that do
+    not answer (being restarted, or stuck) are logged."""
+
     async def tell(bucket: str, keys: list[str]) -> None:
-        for k in indexes:
-            for key in keys:
-                await peers.invalidate(worker_name(k), bucket, key)
+        told = await asyncio.gather(
+            *(peers.invalidate(worker_name(k), bucket, key) for k in indexes for key in keys)
+        )
+        if not all(told):
+            log.warning("%d of %d sibling invalidations unanswered", told.count(False), len(told))
 
     return tell

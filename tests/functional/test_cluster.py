@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,39 @@ def test_a_write_through_one_node_is_read_at_once_through_every_other_without_a_
     for s3 in readers:
         with pytest.raises(s3.exceptions.NoSuchKey):
             s3.get_object(Bucket=bucket, Key="ckpt/latest")
+
+
+def test_a_write_through_one_node_reaches_every_worker_of_the_others(
+    recorder: RecordingProxy, credentials_file: Path, tmp_path: Path, bucket: str
+) -> None:
+    """Another node's invalidation lands on one worker of this node (whichever the kernel
+    gives the connection); every worker must drop its copy, or some clients read the
+    old version until it is revalidated."""
+    settings = {"cache": {"revalidate_after": "1h"}}
+    with LocalCluster(
+        tmp_path, recorder.url, credentials_file, 2, settings=settings, env={"LOTA_WORKERS": "2"}
+    ) as cluster:
+        writer, reader = cluster.urls
+        s3 = client_for(writer)
+        for version in range(3):
+            data = os.urandom(1000 + version)
+            s3.put_object(Bucket=bucket, Key="ckpt/small", Body=data)
+            url = presigned_get(reader, bucket, "ckpt/small")
+            with ThreadPoolExecutor(8) as pool:  # 8 connections: both workers answer some
+                got = list(pool.map(_body, [url] * 32))
+            assert all(body == data for body in got), f"version {version}: a stale copy served"
+
+
+def _body(url: str) -> bytes:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.netloc, timeout=60)
+    try:
+        connection.request("GET", f"{parts.path}?{parts.query}")
+        response = connection.getresponse()
+        assert response.status == 200
+        return response.read()
+    finally:
+        connection.close()
 
 
 def test_lota_warm_fills_each_chunk_on_its_owner_once_for_the_whole_cluster(
