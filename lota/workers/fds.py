@@ -17,6 +17,7 @@ chunk up on its event loop (:func:`asyncio.run_coroutine_threadsafe`), where its
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -71,16 +72,21 @@ class FdServer:
             os.unlink(self.path)
 
     def _answer(self, connection: socket.socket, line: bytes) -> None:
+        found: Opened | None = None
         try:
             asked = json.loads(line)
             wanted = (str(asked["bucket"]), str(asked["key"]), str(asked["etag"]))
             opening = self._opener(*wanted, int(asked["index"]))
-            found: Opened | None = asyncio.run_coroutine_threadsafe(opening, self._loop).result(
-                OPEN_TIMEOUT
-            )
+            future = asyncio.run_coroutine_threadsafe(opening, self._loop)
+            try:
+                found = future.result(OPEN_TIMEOUT)
+            except TimeoutError:
+                # Too late for this request: the chunk is let go once it is open (not
+                # cancelled: an open cut short on its thread could leave its descriptor).
+                future.add_done_callback(self._release_late)
+                raise
         except Exception:  # a bad line, a stopping loop: this chunk is just not handed over
             log.debug("chunk descriptor request failed", exc_info=True)
-            found = None
         if found is None:
             connection.sendall(b'{"length": -1}\n')
             return
@@ -89,6 +95,12 @@ class FdServer:
             socket.send_fds(connection, [json.dumps({"length": length}).encode() + b"\n"], [fd])
         finally:
             self._loop.call_soon_threadsafe(release)
+
+    def _release_late(self, future: concurrent.futures.Future[Opened | None]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            late = future.result()
+            if late is not None:
+                self._loop.call_soon_threadsafe(late[2])
 
 
 class FdClient:

@@ -1,15 +1,20 @@
-"""Workers' pure parts: who owns a chunk among a node's workers, and the node's metrics
-added up from its workers'."""
+"""Workers' parts: who owns a chunk among a node's workers, the node's metrics added up
+from its workers', and the hand-over of chunk descriptors."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections import Counter
+from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.parser import text_string_to_metric_families
 
 from lota.cluster.ownership import chunk_key, worker_of
+from lota.workers import fds
 from lota.workers.metrics import merge
 
 
@@ -56,3 +61,29 @@ def test_the_node_metrics_are_its_workers_added_up_except_the_ones_each_knows_wh
     assert samples[("lota_request_seconds_count", ())] == 2
     assert samples[("lota_request_seconds_bucket", (("le", "1.0"),))] == 2
     assert b"# TYPE lota_requests_total counter" in merged
+
+
+async def test_a_chunk_that_opens_after_the_asker_gave_up_is_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner took longer than OPEN_TIMEOUT to open the chunk: the asker hears "not
+    held", and the descriptor the late open produced is released, not leaked."""
+    monkeypatch.setattr(fds, "OPEN_TIMEOUT", 0.1)
+    chunk = tmp_path / "chunk"
+    chunk.write_bytes(b"x" * 100)
+    released = asyncio.Event()
+
+    async def slow_open(bucket: str, key: str, etag: str, index: int) -> fds.Opened:
+        await asyncio.sleep(0.3)
+        fd = os.open(chunk, os.O_RDONLY)
+        return fd, 100, lambda: (os.close(fd), released.set())[1]
+
+    server = fds.FdServer(str(tmp_path / "w.fds"), slow_open, asyncio.get_running_loop())
+    server.start()
+    client = fds.FdClient(server.path)
+    try:
+        assert await asyncio.to_thread(client.open, "b", "k", "e", 0) is None
+        await asyncio.wait_for(released.wait(), 5)
+    finally:
+        client.close()
+        await asyncio.to_thread(server.close)
