@@ -21,13 +21,13 @@ import base64
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from xml.sax.saxutils import escape
 
 from aiohttp import web
 
 from lota.auth.body import BodyDecoder
-from lota.cache.intake import Intake, part_name, written_meta
+from lota.cache.intake import part_name, written_meta
 from lota.regions.accelerate import Accelerator, checksums_of, iso, length_of
 from lota.regions.multipart import (
     Upload,
@@ -46,7 +46,9 @@ from lota.s3.errors import S3Error
 from lota.s3.xml import S3_NS
 
 UPLOAD_ID_TAG = "lota1."
-# A staging key as StagingAreas.new_key makes them: the prefix, the bucket, a uuid.
+# An upload in progress: (staging key, staging upload, headers, staging area).
+_Opened = tuple[str, str, dict[str, str], StagingArea]
+# A staging key as Staging.new_key makes them: the prefix, the bucket, a uuid.
 _STAGING_KEY = re.compile(re.escape(STAGING_PREFIX) + r"[^/]+/[0-9a-f]{32}")
 COMPLETE_BODY_LIMIT = 4 * 1024 * 1024
 
@@ -82,19 +84,10 @@ class Uploads:
         upload_id: str,
         number: int,
     ) -> web.StreamResponse:
-        key, upload, _, area = await self._open(target, upload_id)
+        opened = await self._open(target, upload_id)
         length = length_of(decoder)
         body = verified_body(request, decoder, self._body_timeout)
-        name = part_name(target.key, upload, number)
-        intake = await self._cache.intake(target.bucket, name, length)
-        try:
-            md5 = await self._staging.upload_part(
-                area, key, upload, number, intake.tee(body), length
-            )
-        except BaseException:
-            await intake.drop()
-            raise
-        await self._keep_part(intake, target, upload, number, md5, length)
+        md5 = await self._stage_part(target, opened, number, body, length)
         checksums = checksums_of(request.headers, decoder)
         return web.Response(status=200, headers={"ETag": f'"{md5}"', **checksums})
 
@@ -108,29 +101,39 @@ class Uploads:
         version_id: str,
     ) -> web.StreamResponse:
         """UploadPartCopy: the source (`x-amz-copy-source-range` of it, if given) as a part."""
-        key, upload, _, area = await self._open(target, upload_id)
+        opened = await self._open(target, upload_id)
         wanted = request.headers.get("x-amz-copy-source-range", "")
         if wanted and not wanted.replace(" ", "").startswith("bytes="):
             raise S3Error("InvalidArgument", "The x-amz-copy-source-range value must be bytes=a-b.")
         async with self._accel.source(*source, version_id, wanted) as (body, size, _):
-            name = part_name(target.key, upload, number)
-            intake = await self._cache.intake(target.bucket, name, size)
-            try:
-                md5 = await self._staging.upload_part(
-                    area, key, upload, number, intake.tee(body), size
-                )
-            except BaseException:
-                await intake.drop()
-                raise
-        await self._keep_part(intake, target, upload, number, md5, size)
+            md5 = await self._stage_part(target, opened, number, body, size)
         return _xml(
             "CopyPartResult",
             f"<LastModified>{iso(time.time())}</LastModified><ETag>&quot;{md5}&quot;</ETag>",
         )
 
-    async def _open(
-        self, target: Target, upload_id: str
-    ) -> tuple[str, str, dict[str, str], StagingArea]:
+    async def _stage_part(
+        self,
+        target: Target,
+        opened: _Opened,
+        number: int,
+        body: AsyncIterator[bytes],
+        size: int,
+    ) -> str:
+        """Stage part `number` of an upload and keep it in the cache as it goes by; its MD5."""
+        key, upload, _, area = opened
+        name = part_name(target.key, upload, number)
+        intake = await self._cache.intake(target.bucket, name, size)
+        try:
+            md5 = await self._staging.upload_part(area, key, upload, number, intake.tee(body), size)
+        except BaseException:
+            await intake.drop()
+            raise
+        headers = {"etag": f'"{md5}"', "content-length": str(size)}
+        await intake.keep(written_meta(target.bucket, name, headers, (), time.time()))
+        return md5
+
+    async def _open(self, target: Target, upload_id: str) -> _Opened:
         """(staging key, staging upload, headers, staging area) of an upload of `target`
         in progress. An UploadId is the client's to send, so what it carries is believed
         only for an upload the catalog has on record for this bucket and key, staged
@@ -145,13 +148,6 @@ class Uploads:
         ):
             raise S3Error("NoSuchUpload")
         return key, upload, headers, self._staging.area_at(root)
-
-    async def _keep_part(
-        self, intake: Intake, target: Target, upload: str, number: int, md5: str, size: int
-    ) -> None:
-        name = part_name(target.key, upload, number)
-        headers = {"etag": f'"{md5}"', "content-length": str(size)}
-        await intake.keep(written_meta(target.bucket, name, headers, (), time.time()))
 
     async def list_parts(
         self, request: web.BaseRequest, target: Target, upload_id: str
