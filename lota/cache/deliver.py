@@ -94,22 +94,29 @@ class Deliverer:
         """Send bytes first..last (inclusive) of `obj` as the body of `response`, in order,
         while the ``fill_concurrency`` chunks after the one being sent are fetched."""
         last_chunk = last // self.chunk_size
+        looked = first // self.chunk_size
         for index, lo, hi in pieces(first, last, self.chunk_size):
-            self._look_ahead(placement, obj, index, last_chunk)
+            looked = self._look_ahead(placement, obj, index, looked, last_chunk)
             if not await self._chunk(request, response, placement, obj, index, lo, hi, last_chunk):
                 self.cache.count_read(obj, index)
 
-    def _look_ahead(self, placement: Placement, obj: CachedObject, index: int, last: int) -> None:
+    def _look_ahead(
+        self, placement: Placement, obj: CachedObject, index: int, looked: int, last: int
+    ) -> int:
         """Have the next chunks of the range fetched, each with its own request, while this
-        one is sent: a cold read is as fast as several origin streams, not one."""
+        one is sent: a cold read is as fast as several origin streams, not one. Each chunk
+        is looked at once (those up to `looked` were): one the cache would not keep is
+        asked about once, not each time the window moves. Returns the last one looked at."""
         cache = self.cache
+        end = min(last, index + cache.fill_concurrency - 1)
         ahead = [
             i
-            for i in range(index + 1, min(last, index + cache.fill_concurrency - 1) + 1)
+            for i in range(max(index, looked) + 1, end + 1)
             if not cache.has_chunk(obj, i) and cache.filling(obj, i) is None
         ]
         if ahead:
             placement.prefetch(obj, ahead)
+        return max(end, looked)
 
     async def read_cached(
         self, placement: Placement, obj: CachedObject, first: int, last: int

@@ -674,16 +674,22 @@ def test_a_read_the_full_cache_declines_asks_the_origin_once_per_chunk_and_no_pr
 ) -> None:
     """The read-ahead of a 16-chunk object skips the chunks the admission rule would not
     keep: the origin sees the 16 GETs the reader's relays need, no fill started and
-    aborted, and nothing is kept."""
+    aborted, and nothing is kept. The rule is asked about each chunk once by the
+    look-ahead and once by the reader, not each time the look-ahead passes over it."""
     node = _full_cache(node_factory, origin_s3, bucket)
     s3 = client_for(node.url)
     data = _put(origin_s3, bucket, "big", 16 * 256 * 1024)
     s3.head_object(Bucket=bucket, Key="big")  # known: each chunk is one GET, none to learn it
-    filled = _metric(node.metrics(), "lota_cache_fill_bytes_total")
+    metrics = node.metrics()
+    filled = _metric(metrics, "lota_cache_fill_bytes_total")
+    declined = _metric(metrics, "lota_cache_declined_fills_total")
     assert _get(s3, bucket, "big") == (data, "MISS")
     time.sleep(0.3)  # a fill started in the background would have reached the origin
     assert len(recorder.requests("GET", f"/{bucket}/big")) == 16
-    assert _metric(node.metrics(), "lota_cache_fill_bytes_total") == filled
+    metrics = node.metrics()
+    assert _metric(metrics, "lota_cache_fill_bytes_total") == filled
+    # Chunk 0 by the reader only; chunks 1-15 by the look-ahead, then the reader.
+    assert _metric(metrics, "lota_cache_declined_fills_total") - declined == 1 + 2 * 15
 
 
 def test_a_chunk_a_full_cache_declines_gets_in_on_the_read_after_its_third(
