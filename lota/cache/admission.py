@@ -158,7 +158,8 @@ class Admission(Generic[K]):
         self._intervals = (mean + (d - mean) / 256, square + (d * d - square) / 256)
 
     def read(self, fingerprint: int, size: int) -> None:
-        """A chunk that is not cached was read (filled, or relayed from another node)."""
+        """A client read a chunk that is not cached (it followed a fill, or it was relayed
+        from the source or another node). Fetching a chunk ahead is not a read."""
         self._sketch.add(fingerprint)
         self._clock += size
 

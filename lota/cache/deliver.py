@@ -8,6 +8,10 @@ of the cluster, or the origin when the cache cannot hold or does not keep it). A
 source that breaks off mid-chunk is resumed where it stopped from the next one. Whatever
 happens, the client gets the right bytes or, once headers are out, a cut connection;
 never wrong or missing bytes.
+
+Each chunk a client reads that the cache did not send counts once for the admission rule,
+once it is sent (after the fill that brought it, if any, asked the rule whether to keep
+it); a hit is counted by the store. Fills count nothing: the look-ahead's are not reads.
 """
 
 from __future__ import annotations
@@ -90,21 +94,29 @@ class Deliverer:
         """Send bytes first..last (inclusive) of `obj` as the body of `response`, in order,
         while the ``fill_concurrency`` chunks after the one being sent are fetched."""
         last_chunk = last // self.chunk_size
+        looked = first // self.chunk_size
         for index, lo, hi in pieces(first, last, self.chunk_size):
-            self._look_ahead(placement, obj, index, last_chunk)
-            await self._chunk(request, response, placement, obj, index, lo, hi, last_chunk)
+            looked = self._look_ahead(placement, obj, index, looked, last_chunk)
+            if not await self._chunk(request, response, placement, obj, index, lo, hi, last_chunk):
+                self.cache.count_read(obj, index)
 
-    def _look_ahead(self, placement: Placement, obj: CachedObject, index: int, last: int) -> None:
+    def _look_ahead(
+        self, placement: Placement, obj: CachedObject, index: int, looked: int, last: int
+    ) -> int:
         """Have the next chunks of the range fetched, each with its own request, while this
-        one is sent: a cold read is as fast as several origin streams, not one."""
+        one is sent: a cold read is as fast as several origin streams, not one. Each chunk
+        is looked at once (those up to `looked` were): one the cache would not keep is
+        asked about once, not each time the window moves. Returns the last one looked at."""
         cache = self.cache
+        end = min(last, index + cache.fill_concurrency - 1)
         ahead = [
             i
-            for i in range(index + 1, min(last, index + cache.fill_concurrency - 1) + 1)
+            for i in range(max(index, looked) + 1, end + 1)
             if not cache.has_chunk(obj, i) and cache.filling(obj, i) is None
         ]
         if ahead:
             placement.prefetch(obj, ahead)
+        return max(end, looked)
 
     async def read_cached(
         self, placement: Placement, obj: CachedObject, first: int, last: int
@@ -173,7 +185,8 @@ class Deliverer:
         lo: int,
         hi: int,
         last_chunk: int,
-    ) -> None:
+    ) -> bool:
+        """Send bytes lo..hi of chunk `index`: True if this node's cache held them."""
         route = None
         for _ in range(MAX_ATTEMPTS):
             if not obj.alive:
@@ -189,7 +202,7 @@ class Deliverer:
                     finally:
                         reader.close()
                     self._sent.labels("hit").inc(hi - lo)
-                    return
+                    return True
             fill = self.cache.filling(obj, index)
             if fill is None:
                 opened = await placement.open_elsewhere(obj, index)
@@ -199,27 +212,29 @@ class Deliverer:
                     finally:
                         opened.close()
                     self._sent.labels("hit").inc(hi - lo)
-                    return
+                    return True
                 route = placement.route(obj, index, last_chunk)
-                if not (route.keep and self.cache.keeps(obj, index)):
-                    # Another node's chunk, or one the admission rule does not keep: relayed.
-                    self.cache.count_read(obj, index)
-                    break
-                self.cache.fill(route.source, obj.meta.bucket, obj.meta.key, index, route.last, obj)
-                fill = self.cache.filling(obj, index)
+                if route.keep:  # filled if the admission rule keeps it
+                    m = obj.meta
+                    self.cache.fill(route.source, m.bucket, m.key, index, route.last, obj)
+                    fill = self.cache.filling(obj, index)
+                if fill is None:
+                    if self.cache.has_chunk(obj, index):
+                        continue  # another fill committed it meanwhile
+                    break  # another node's chunk, or one the admission rule does not keep
             elif not self.cache.coming_soon(fill):
                 break  # its job is far behind: read these bytes from the source now
             else:
                 self._metrics.cache_coalesced.inc()
-            if fill is not None:
-                lo = await self._follow(response, fill, lo, hi)
-                if lo >= hi:
-                    return
-                if fill.failed:
-                    break  # the cache cannot take it (or the source failed it): go direct
+            lo = await self._follow(response, fill, lo, hi)
+            if lo >= hi:
+                return False
+            if fill.failed:
+                break  # the cache cannot take it (or the source failed it): go direct
         route = route or placement.route(obj, index, last_chunk)
         base = index * self.chunk_size
         await self._relay(response, route.source, obj, base + lo, base + hi - 1)
+        return False
 
     async def _follow(self, response: web.StreamResponse, fill: ChunkFill, lo: int, hi: int) -> int:
         """Stream what `fill` writes from `lo` on; return how far it got before it ended."""

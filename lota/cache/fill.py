@@ -9,10 +9,15 @@ from the chunk's file as they land, without waiting for the chunk or the object 
 finish. Jobs run as tasks owned by the :class:`Filler`, not by the request that started
 them: a client that goes away does not stop a fill others are waiting for.
 
-When a chunk cannot be stored (no room, disk error) or is not kept (the admission rule,
-:mod:`lota.cache.admission`), its fill is marked failed, the job stops, and its readers
-fetch the bytes they still need straight from the source: the client never sees an
-error because of the cache.
+Whether the store keeps a chunk (the admission rule, :mod:`lota.cache.admission`) is
+asked before its request when the object is known: a chunk not kept is not claimed, and a
+job left with none sends no request (a look-ahead over chunks a full cache declines costs
+the origin nothing). It is asked again as the chunk's bytes come, as the fills begun
+meanwhile may have filled the store. A fill counts no read for the rule: it may be a
+look-ahead, a prefetch or a warm, so the readers count theirs (:mod:`lota.cache.deliver`).
+When a chunk cannot be stored (no room, disk error) or is not kept, its fill is marked
+failed, the job stops, and its readers fetch the bytes they still need straight from the
+source: the client never sees an error because of the cache.
 
 A job for an object not known yet may ask for a suffix (the last bytes of an object of
 unknown size, see :func:`lota.cache.plan.cold_fetch`): its first chunk is then the first
@@ -222,8 +227,9 @@ class Filler:
     ) -> asyncio.Future[None]:
         """Fill each of chunks `indexes` of `obj` with a ranged request of its own, in
         order, at most ``concurrency`` at once (a window-bound origin stream is that many
-        times faster); chunks held or filling already are skipped. The future is done when
-        every chunk has ended (filled, or failed), fills by others included."""
+        times faster); chunks held or filling already, and those the cache would not keep,
+        are skipped. The future is done when every chunk has ended (filled, or failed),
+        fills by others included."""
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         m = obj.meta
         self._tasks.start(self._each(source, obj, indexes, finished), f"fill {m.bucket}/{m.key}*")
@@ -332,14 +338,19 @@ class Filler:
         return job
 
     def _register(self, job: FillJob, obj: CachedObject) -> None:
-        """Claim the chunks of `job` that nobody holds or fills; None marks the others."""
+        """Claim the chunks of `job` that nobody holds or fills and, for an object known
+        before the job's request, that the cache keeps; None marks the others."""
         m = obj.meta
         job.etag = m.etag
         count = chunk_count(m.size, self.chunk_size)
         job.last = count - 1 if job.last is None else min(job.last, count - 1)
         for index in range(job.first, job.last + 1):
             ident = (m.bucket, m.key, m.etag, index)
-            if ident in self._fills or self.store.has_chunk(obj, index):
+            if (
+                ident in self._fills
+                or self.store.has_chunk(obj, index)
+                or (job.known is not None and not self.store.keeps(obj, index))
+            ):
                 job.claimed.append((index, None))
                 continue
             fill = ChunkFill(index, chunk_length(m.size, self.chunk_size, index))
@@ -373,7 +384,8 @@ class Filler:
         if job.known is not None:
             if_match = job.known.meta.etag
             # Fetch only from the first chunk this job holds to the last: the others are
-            # cached or on their way already (a second prefetch of an object costs nothing).
+            # cached, on their way already (a second prefetch of an object costs nothing)
+            # or not kept.
             held = [n for n, (_, fill) in enumerate(job.claimed) if fill is not None]
             if not held:
                 self._finish_result(job, job.known)
@@ -422,9 +434,9 @@ class Filler:
                 await self._fill_chunk(response, obj, fill)
 
     async def _fill_chunk(self, response: SourceReply, obj: CachedObject, fill: ChunkFill) -> None:
-        if not self.store.has_chunk(obj, fill.index) and not self.store.admit_chunk(
-            obj, fill.index
-        ):
+        # Asked (again) now: the fills begun since this one was claimed may have filled the
+        # store, and then keeping this chunk means evicting.
+        if not self.store.has_chunk(obj, fill.index) and not self.store.keeps(obj, fill.index):
             self._done(obj, fill, ok=False)
             raise ChunkDeclined(f"the cache does not keep chunk {fill.index} of {obj!r}")
         writer = await self.store.begin_chunk(obj, fill.index)

@@ -81,13 +81,14 @@ class ChunkService:
         return self._store.read_hot(obj, index, offset, count)
 
     def keeps(self, obj: CachedObject, index: int) -> bool:
-        """Whether a fill of this chunk would be kept now (the admission rule); if not
-        (counted as a declined fill), read it from its source and :meth:`count_read` it."""
+        """Whether a fill of this chunk would be kept now (the admission rule, which a
+        fill asks itself); if not, it counts as a declined fill."""
         return self._store.keeps(obj, index)
 
     def count_read(self, obj: CachedObject, index: int) -> None:
-        """A read of a chunk this cache does not hold, served from elsewhere: it counts for
-        the admission rule (a chunk read often here gets in)."""
+        """A client's read of a chunk this cache does not hold, served by a fill or from
+        elsewhere: it counts for the admission rule (a chunk read often here gets in).
+        Fills count nothing: fetching ahead or warming is not reading."""
         self._store.count_read(obj, index)
 
     def release(self, obj: CachedObject, index: int) -> None:
@@ -114,8 +115,10 @@ class ChunkService:
     ) -> FillJob:
         """Fetch chunks first..last (None: to the end; or, for an object not known yet,
         the chunks within its last `suffix` bytes) from `source` in one request, into the
-        cache; the chunks someone else holds or fills are skipped. For an object not known
-        yet, `expect` names the version it must be (If-Match: another answers 412)."""
+        cache; the chunks someone else holds or fills are skipped, and so are, of an
+        object known, those the cache would not keep (:meth:`filling` finds no fill of
+        them). For an object not known yet, `expect` names the version it must be
+        (If-Match: another answers 412)."""
         return self._filler.start(
             source, bucket, key, first, last, known, suffix=suffix, expect=expect
         )

@@ -652,6 +652,65 @@ def test_epochs_over_a_dataset_larger_than_the_cache_keep_a_stable_subset_reside
     assert gets[1:] == [40 - resident] * 3
 
 
+def _full_cache(node_factory: NodeFactory, origin_s3: Any, bucket: str) -> LotaProcess:
+    """A node with an 8 MiB cache of 256 KiB chunks, filled by prefetching an object
+    larger than it (``Range: bytes=0-0``): a fill now means evicting (an eviction leaves
+    less room than a chunk), so the admission rule decides, and a chunk gets in once it
+    has three reads more than the cached ones (none: a prefetch is not a read)."""
+    node = node_factory(size="8MiB", chunk_size="256KiB", low_watermark=0.94, revalidate_after="1h")
+    s3 = client_for(node.url)
+    _put(origin_s3, bucket, "filler", 40 * 256 * 1024)
+    s3.head_object(Bucket=bucket, Key="filler", Range="bytes=0-0")
+    deadline = time.monotonic() + 10
+    while _metric(node.metrics(), "lota_cache_declined_fills_total") == 0:
+        assert time.monotonic() < deadline, "the prefetch did not fill the cache"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the fills still in flight end
+    return node
+
+
+def test_a_read_the_full_cache_declines_asks_the_origin_once_per_chunk_and_no_prefetch(
+    node_factory: NodeFactory, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    """The read-ahead of a 16-chunk object skips the chunks the admission rule would not
+    keep: the origin sees the 16 GETs the reader's relays need, no fill started and
+    aborted, and nothing is kept. The rule is asked about each chunk once by the
+    look-ahead and once by the reader, not each time the look-ahead passes over it."""
+    node = _full_cache(node_factory, origin_s3, bucket)
+    s3 = client_for(node.url)
+    data = _put(origin_s3, bucket, "big", 16 * 256 * 1024)
+    s3.head_object(Bucket=bucket, Key="big")  # known: each chunk is one GET, none to learn it
+    metrics = node.metrics()
+    filled = _metric(metrics, "lota_cache_fill_bytes_total")
+    declined = _metric(metrics, "lota_cache_declined_fills_total")
+    assert _get(s3, bucket, "big") == (data, "MISS")
+    time.sleep(0.3)  # a fill started in the background would have reached the origin
+    assert len(recorder.requests("GET", f"/{bucket}/big")) == 16
+    metrics = node.metrics()
+    assert _metric(metrics, "lota_cache_fill_bytes_total") == filled
+    # Chunk 0 by the reader only; chunks 1-15 by the look-ahead, then the reader.
+    assert _metric(metrics, "lota_cache_declined_fills_total") - declined == 1 + 2 * 15
+
+
+def test_a_chunk_a_full_cache_declines_gets_in_on_the_read_after_its_third(
+    node_factory: NodeFactory, origin_s3: Any, bucket: str
+) -> None:
+    """The admission rule counts the reader's reads, not the look-ahead's fills: the
+    chunks of an object read whole three times are still declined (three reads more than
+    the cached chunks is not yet more), the fourth read keeps some."""
+    node = _full_cache(node_factory, origin_s3, bucket)
+    s3 = client_for(node.url)
+    data = _put(origin_s3, bucket, "big", 16 * 256 * 1024)
+    filled = _metric(node.metrics(), "lota_cache_fill_bytes_total")
+    for _ in range(3):
+        assert _get(s3, bucket, "big") == (data, "MISS")
+    time.sleep(0.3)
+    assert _metric(node.metrics(), "lota_cache_fill_bytes_total") == filled
+    assert _get(s3, bucket, "big") == (data, "MISS")
+    time.sleep(0.3)
+    assert _metric(node.metrics(), "lota_cache_fill_bytes_total") > filled
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     """Mount real tmpfs file systems of a given size (``"64m"``); unmounted at the end.

@@ -183,3 +183,36 @@ async def test_a_range_fill_from_a_source_that_ignores_range_skips_to_its_chunks
     assert source.asked == [f"bytes={2 * CS}-{3 * CS - 1}"]
     assert [filler.store.has_chunk(obj, i) for i in range(4)] == [False, False, True, False]
     assert await _chunk(filler, obj, 2) == bytes([2]) * CS
+
+
+def _meta(key: str, size: int) -> ObjectMeta:
+    return ObjectMeta(
+        bucket="b",
+        key=key,
+        etag='"e"',
+        size=size,
+        last_modified="Wed, 02 Dec 2026 10:00:00 GMT",
+        headers=(),
+        validated_at=0.0,
+    )
+
+
+async def test_prefetches_of_a_chunk_a_full_cache_declines_send_nothing_and_count_no_read(
+    filler: Filler,
+) -> None:
+    """A chunk the admission rule would not keep is not fetched ahead (no request started
+    to be aborted), and fetching ahead is not reading: however often a look-ahead passes
+    over the chunk, it never earns the three reads more than the cached chunks it needs."""
+    store = filler.store
+    source = _MemorySource(bytes(80 * CS))
+    held = await store.admit(_meta("held", 80 * CS))
+    await asyncio.wait_for(filler.fill_each(source, held, range(80)), 10)
+    declined = store.stats()["declined_fills"]
+    assert declined > 0  # the cache is full: keeping a chunk means evicting one
+    new = await store.admit(_meta("new", CS))
+    asked = len(source.asked)
+    for _ in range(6):
+        await asyncio.wait_for(filler.fill_each(source, new, [0]), 5)
+    assert len(source.asked) == asked
+    assert not store.has_chunk(new, 0)
+    assert store.stats()["declined_fills"] == declined + 6

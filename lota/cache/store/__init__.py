@@ -4,8 +4,9 @@ Use it as lookup -> admit -> open_chunk (hit) or begin_chunk/write/commit (fill)
 
     obj = store.lookup(bucket, key) or await store.admit(meta)
     reader = await store.open_chunk(obj, i)          # None: not cached (or damaged)
-    if store.admit_chunk(obj, i):                    # False: not kept -> pass through
+    if store.keeps(obj, i):                          # False: not kept -> pass through
         writer = await store.begin_chunk(obj, i)     # None: no room, no disk -> pass through
+    store.count_read(obj, i)                         # a client's miss (a hit counts itself)
 
 What it guarantees, and how:
 

@@ -375,16 +375,10 @@ class CacheStore:
         self._counts["declined_fills"] += 1
         return False
 
-    def admit_chunk(self, obj: CachedObject, index: int) -> bool:
-        """:meth:`keeps`, for a chunk about to be filled (ask before :meth:`begin_chunk`),
-        and count its read."""
-        kept = self.keeps(obj, index)
-        self._table.count_read(obj, index)
-        return kept
-
     def count_read(self, obj: CachedObject, index: int) -> None:
-        """Count a read of chunk `index` of `obj` served without this store (relayed from
-        another node, or from the source after :meth:`keeps` said no)."""
+        """Count a client's read of chunk `index` of `obj` served without this store (from
+        a fill, relayed from another node, or from the source after :meth:`keeps` said
+        no); ask :meth:`keeps` first: a chunk's count is taken before its read."""
         self._table.count_read(obj, index)
 
     async def begin_chunk(self, obj: CachedObject, index: int) -> ChunkWriter | None:
