@@ -98,9 +98,14 @@ class SiblingSource:
             return None
         if found is None:
             return None
-        opened = OpenChunk(*found)
+        kept = self._kept.get(chunk)
+        if kept is not None:  # another reader had it handed over meanwhile: share that one
+            os.close(found[0])
+            self._kept.move_to_end(chunk)
+            return kept.use()
+        opened = OpenChunk(*found).use()  # in use before it is kept: never closed under us
         self._keep(chunk, opened)
-        return opened.use()
+        return opened
 
     def _keep(self, chunk: ChunkId, opened: OpenChunk) -> None:
         self._kept[chunk] = opened

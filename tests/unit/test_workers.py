@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -14,7 +16,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.parser import text_string_to_metric_families
 
 from lota.cluster.ownership import chunk_key, worker_of
-from lota.workers import fds
+from lota.workers import fds, siblings
 from lota.workers.metrics import merge
 
 
@@ -87,3 +89,40 @@ async def test_a_chunk_that_opens_after_the_asker_gave_up_is_released(
     finally:
         client.close()
         await asyncio.to_thread(server.close)
+
+
+class _SlowFds:
+    """An FdClient that hands over a new descriptor of `path` for every request, slowly
+    (on the caller's thread), as a busy sibling does."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def open(self, bucket: str, key: str, etag: str, index: int) -> tuple[int, int]:
+        time.sleep(0.05)
+        return os.open(self.path, os.O_RDONLY), 8 * 1024 * 1024
+
+    def close(self) -> None:
+        pass
+
+
+async def test_readers_racing_for_one_sibling_chunk_all_get_an_open_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many readers ask for the same chunk at once, each handed a descriptor: one is kept
+    and shared, the others closed, and none is closed while a reader holds it."""
+    monkeypatch.setattr(siblings, "KEPT_BYTES", 16 * 1024 * 1024)  # two chunks' worth
+    chunk = tmp_path / "chunk"
+    chunk.write_bytes(b"x" * 100)
+    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _SlowFds(chunk))  # type: ignore[arg-type]
+    meta = SimpleNamespace(bucket="b", key="k", etag='"e"')
+    before = len(os.listdir("/proc/self/fd"))
+    opened = await asyncio.gather(*(source.open(meta, 0) for _ in range(10)))  # type: ignore[arg-type]
+    assert all(o is not None and o.fd >= 0 for o in opened)
+    assert all(os.pread(o.fd, 1, 0) == b"x" for o in opened if o is not None)
+    for o in opened:
+        assert o is not None
+        o.close()
+    assert len(os.listdir("/proc/self/fd")) - before == 1  # the one kept
+    source.close()
+    assert len(os.listdir("/proc/self/fd")) == before
