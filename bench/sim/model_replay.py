@@ -305,7 +305,7 @@ def unbounded(trace: Trace, owned: list[np.ndarray], *, churn: bool, ingest: boo
     sizes = trace.sizes.tolist()
     version, down, owner_of = 0, downs[0][1], owned[0].tolist()
     next_change = downs[1][0] if len(downs) > 1 else float("inf")
-    hit = total = 0
+    miss = total = 0
     for t, chunk, asker, kind in _reads(trace, churn, ingest):
         while t >= next_change:
             version += 1
@@ -321,10 +321,10 @@ def unbounded(trace: Trace, owned: list[np.ndarray], *, churn: bool, ingest: boo
         if kind != WARM:
             size = sizes[chunk]
             total += size
-            hit += size if chunk in mine or chunk in owners_ else 0
+            miss += 0 if chunk in mine or chunk in owners_ else size
         mine.add(chunk)
         owners_.add(chunk)
-    return hit / total if total else 0.0
+    return 1 - miss / total if total else 0.0  # as a replay's figure is reckoned
 
 
 def replay_s3fifo(trace: Trace, stream: Any, budget: int) -> dict[str, float]:
