@@ -16,8 +16,9 @@ spatially sampled as in SHARDS so that a cluster of ``gpus / 8`` nodes, each wit
 - the curve of hit rate against cache size (a quarter, half, once and twice ``--cache``),
   with the owner reads replayed per node through S3-FIFO alone, LOTA's and libCacheSim's
   (the cross-check: the two agree within a point at every size), in a PNG;
-- what-if rows: no churn, no ingest, neither, each with the best any cache could do
-  (unbounded caches under the same ownership), to say what reaching 99.7% takes.
+- what-if rows: no churn, no ingest, neither, each with an upper bound on LOTA's hits
+  (unbounded caches under the same ownership and failures), to say what reaching 99.7%
+  takes.
 
 Figures are scaled back up by the sampling rate (bytes / rate); every one comes from
 running the code. ``DIR`` gets ``report.json``, ``report.md`` and

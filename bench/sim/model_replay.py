@@ -12,7 +12,8 @@ from its owner ``hot_reads`` times within ``hot_window`` seconds, as a node of a
 does (:mod:`lota.cluster.placement`).
 
 Also here: the same per-node streams of owner reads replayed through S3-FIFO alone (LOTA's
-and libCacheSim's), and the best any cache could do (every node's cache unbounded).
+and libCacheSim's), and an upper bound on what LOTA's read path could do (every node's
+cache unbounded: :func:`unbounded`).
 """
 
 from __future__ import annotations
@@ -282,17 +283,30 @@ def _relayed(
 
 
 def unbounded(trace: Trace, owned: list[np.ndarray], *, churn: bool, ingest: bool) -> float:
-    """The best byte hit rate any cache could give the week under LOTA's ownership: every
-    node's cache unbounded, so only a chunk's first read at its owner misses (again after
-    its owner changes, or loses its cache to a failure)."""
+    """An upper bound on the byte hit rate of :func:`replay` over the week, under the same
+    ownership, the same readers and the same cache losses: every node's cache unbounded.
+
+    A node holds every chunk it read, or was the owner of at a read, since it last lost
+    its cache (failed); a read hits if the reading node or the chunk's owner holds it, and
+    after it both hold it (the owner filled it from the origin on a miss).
+
+    Why LOTA's hits are a subset of these: in :func:`replay` a chunk enters a node's store
+    only at a read of it by that node (a hot copy) or at a read it owned (the owner's fill),
+    and a store loses chunks to eviction or when its node fails, while here a node holds
+    every such chunk until it fails, with the same failures at the same times. So at every
+    read each node's store holds a subset of what it holds here, and a read LOTA serves
+    from the reader's or the owner's store (local or owner) is a hit here too. It is the
+    best any cache could do with LOTA's read path (the reader's store, then the owner's,
+    then the origin); only a chunk read for the first time by both the reading node and
+    its owner since they last lost their caches misses."""
     n = trace.nodes
     held: list[set[int]] = [set() for _ in range(n)]
     downs = trace.downs if churn else trace.downs[:1]
     sizes = trace.sizes.tolist()
     version, down, owner_of = 0, downs[0][1], owned[0].tolist()
     next_change = downs[1][0] if len(downs) > 1 else float("inf")
-    hit = total = 0
-    for t, chunk, _, kind in _reads(trace, churn, ingest):
+    miss = total = 0
+    for t, chunk, asker, kind in _reads(trace, churn, ingest):
         while t >= next_change:
             version += 1
             for node in downs[version][1] - down:
@@ -300,20 +314,25 @@ def unbounded(trace: Trace, owned: list[np.ndarray], *, churn: bool, ingest: boo
             down = downs[version][1]
             owner_of = owned[version].tolist()
             next_change = downs[version + 1][0] if version + 1 < len(downs) else float("inf")
-        mine = held[owner_of[chunk]]
-        size = sizes[chunk]
+        reader = asker
+        while reader in down:  # as in replay(): its jobs moved to the next node up
+            reader = (reader + 1) % n
+        mine, owners_ = held[reader], held[owner_of[chunk]]
         if kind != WARM:
+            size = sizes[chunk]
             total += size
-            hit += size if chunk in mine else 0
+            miss += 0 if chunk in mine or chunk in owners_ else size
         mine.add(chunk)
-    return hit / total if total else 0.0
+        owners_.add(chunk)
+    return 1 - miss / total if total else 0.0  # as a replay's figure is reckoned
 
 
 def replay_s3fifo(trace: Trace, stream: Any, budget: int) -> dict[str, float]:
     """The owner streams of a replay, each node's through S3-FIFO alone at `budget` bytes:
     LOTA's (:class:`NodeCache` without the admission rule) and libCacheSim's. Miss
-    ratios over the week, by reads and by bytes. libCacheSim's cache holds LOTA's high
-    watermark (the most LOTA's store holds), with S3-FIFO's parameters set to LOTA's
+    ratios over the week, by reads and by bytes. libCacheSim's cache holds the midpoint of
+    LOTA's watermarks (LOTA's store fills to the high one, then evicts down to the low
+    one, so it holds about that on average), with S3-FIFO's parameters set to LOTA's
     (a 10% small queue, a chunk read once there moves to main)."""
     import libcachesim
     from libcachesim.libcachesim_python import CommonCacheParams, S3FIFOv0_init

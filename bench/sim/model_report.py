@@ -105,9 +105,10 @@ def markdown(f: dict[str, Any]) -> str:
         "",
         f"## What if (at {_pb(s['cache_bytes'])})",
         "",
-        "Best possible: every node's cache unbounded, under the same ownership (a chunk "
-        "misses on its first read at its owner, and again after its owner changes or loses "
-        "its cache).",
+        "Best possible: an upper bound on LOTA's hits, every node's cache unbounded under "
+        "the same ownership and the same failures (a node keeps every chunk it read or "
+        "owned until it fails; a read misses only if neither the reading node nor the "
+        "chunk's owner holds the chunk).",
         "",
         "| scenario | byte hit rate | object hit rate | best possible |",
         "|---|---|---|---|",
