@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +17,7 @@ from lota.workers.spec import WorkerSpec
 
 log = logging.getLogger("lota.workers")
 
+_SIBLING = re.compile(r"worker-[0-9]+")
 # Seconds to wait for a sibling's metrics before rendering without them.
 METRICS_TIMEOUT = 2.0
 
@@ -26,8 +28,9 @@ def worker_name(index: int) -> str:
 
 
 def is_sibling(sender: str) -> bool:
-    """Whether a peer call came from a worker of this node (else from another node)."""
-    return sender.startswith("worker-")
+    """Whether a peer call came from a worker of this node (else from another node, named
+    HOST:PORT: a host called ``worker-12.gpu.internal`` is another node)."""
+    return _SIBLING.fullmatch(sender) is not None
 
 
 class Siblings:

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lota.cluster.ownership import chunk_key, worker_of
 from lota.workers import fds, siblings
 from lota.workers.metrics import merge
+from lota.workers.node import is_sibling, worker_name
 
 
 def _keys(count: int) -> list[bytes]:
@@ -126,3 +127,9 @@ async def test_readers_racing_for_one_sibling_chunk_all_get_an_open_descriptor(
     assert len(os.listdir("/proc/self/fd")) - before == 1  # the one kept
     source.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_sibling_is_a_worker_of_this_node_never_a_host_named_like_one() -> None:
+    assert is_sibling(worker_name(0)) and is_sibling(worker_name(12))
+    for member in ("worker-12.gpu.internal:7070", "worker-3:9000", "10.0.0.5:9000", "worker-"):
+        assert not is_sibling(member)
