@@ -54,6 +54,11 @@ from lota.workers.siblings import SiblingSource
 
 log = logging.getLogger("lota.node")
 
+# Seconds a write (or another node's invalidation) waits for the sibling workers to drop
+# their copies: a stuck sibling must not hold up the write, nor make the node that asked
+# take this one for dead.
+SIBLING_TELL_TIMEOUT = 5.0
+
 
 @asynccontextmanager
 async def build_cache(
@@ -243,13 +248,15 @@ def _usable(membership: Membership) -> Callable[[str], bool]:
 
 
 def _tell(peers: PeerClient, indexes: list[int]) -> Callable[[str, list[str]], Awaitable[None]]:
-    """Have the sibling workers drop their copies of `keys`, all at once; siblings that do
-    not answer (being restarted, or stuck) are logged."""
+    """Have the sibling workers drop their copies of `keys`, all at once, waiting at most
+    SIBLING_TELL_TIMEOUT; siblings that do not answer (restarting, or stuck) are logged."""
 
     async def tell(bucket: str, keys: list[str]) -> None:
-        told = await asyncio.gather(
-            *(peers.invalidate(worker_name(k), bucket, key) for k in indexes for key in keys)
-        )
+        calls = [peers.invalidate(worker_name(k), bucket, key) for k in indexes for key in keys]
+        try:
+            told = await asyncio.wait_for(asyncio.gather(*calls), SIBLING_TELL_TIMEOUT)
+        except TimeoutError:
+            told = [False] * len(calls)
         if not all(told):
             log.warning("%d of %d sibling invalidations unanswered", told.count(False), len(told))
 
