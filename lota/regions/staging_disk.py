@@ -206,7 +206,9 @@ async def write_file(path: Path, body: AsyncIterator[bytes]) -> None:
     """Write to a temp file, fsync, rename, fsync the directories: the staged file is whole
     or absent, and once this returns (the write is acknowledged) it survives power loss."""
     created = await asyncio.to_thread(_make_dirs, path.parent)
-    temp = path.with_suffix(".tmp")
+    # A temp name of its own: two writes of one path (a retried completion racing the
+    # first) must not write into each other's file; the last rename wins, whole.
+    temp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
     # run_in_thread: a cancelled caller waits for the call to end, since it closes the
     # descriptor the call writes to (a number closed under a running write may be another
     # file's by then); on_orphan gets the descriptor the caller missed.

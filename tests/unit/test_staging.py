@@ -47,3 +47,20 @@ async def test_a_cancelled_write_closes_its_file_only_after_the_write_in_progres
         os.close(other)
     assert (tmp_path / "other").read_bytes() == b""
     assert list(staged.parent.iterdir()) == []
+
+
+async def test_two_writes_of_one_path_at_once_leave_one_of_them_whole(tmp_path: Path) -> None:
+    """A completion retried while the first is still joining the parts writes the same
+    staged file: each write has its own temp file, and the last rename wins, whole."""
+
+    async def body(letter: bytes) -> AsyncIterator[bytes]:
+        for _ in range(20):
+            yield letter * 1000
+            await asyncio.sleep(0.001)
+
+    staged = tmp_path / "bucket" / "staged"
+    await asyncio.gather(
+        staging.write_file(staged, body(b"A")), staging.write_file(staged, body(b"B"))
+    )
+    assert staged.read_bytes() in (b"A" * 20_000, b"B" * 20_000)
+    assert [p.name for p in staged.parent.iterdir()] == ["staged"]  # no temp file left
