@@ -186,7 +186,13 @@ class Uploads:
 
     async def abort(self, target: Target, upload_id: str) -> web.StreamResponse:
         key, upload, _, area = await self._open(target, upload_id)
-        await area.abort_multipart(key, upload)
+        try:
+            await area.abort_multipart(key, upload)
+        except S3Error as exc:
+            if exc.code != "NoSuchUpload":
+                raise
+            # Staging has no parts left (a completion that failed after joining them): the
+            # catalog's record is all that is left of it, and it goes too.
         await self._catalog.forget_upload(upload_id)
         return web.Response(status=204)
 

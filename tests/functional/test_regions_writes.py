@@ -5,6 +5,7 @@ call, fenced migrations, the orphan sweep, and the start-up check of staging. Tw
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 import urllib.error
@@ -339,5 +340,12 @@ def test_an_upload_id_is_believed_only_for_the_upload_the_catalog_has_on_record(
                 MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
             )
             assert s3.get_object(Bucket="far", Key="mp/real")["Body"].read() == b"ok"
+            # An upload whose staged parts are gone (a completion that failed after joining
+            # them) can still be aborted: nothing of it stays listed.
+            lost = s3.create_multipart_upload(Bucket="far", Key="mp/lost")["UploadId"]
+            shutil.rmtree(tmp_path / "staging" / "lota-uploads" / decode_upload_id(lost)[1])
+            s3.abort_multipart_upload(Bucket="far", Key="mp/lost", UploadId=lost)
+            listed = s3.list_multipart_uploads(Bucket="far", Prefix="mp/").get("Uploads", [])
+            assert lost not in [u["UploadId"] for u in listed]
         finally:
             node.kill()
