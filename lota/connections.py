@@ -36,7 +36,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from lota.aiohttp_internals import handler_kwargs, handler_loop, queued_requests, server_loop
-from lota.cache.store import MAX_OPEN_CHUNKS
+from lota.cache.store import open_chunk_limit
 from lota.config import Config
 from lota.metrics import Metrics
 from lota.regions.origin import POOL_SIZE
@@ -68,7 +68,7 @@ def connection_limits(config: Config) -> ConnectionLimits:
     """Raise the descriptor limit, then settle the cap (logged, with a warning when the
     limit leaves too little for LOTA's own descriptors)."""
     soft, hard = raise_descriptor_limit()
-    reserve = BASE_RESERVE + POOL_SIZE + (MAX_OPEN_CHUNKS if config.cache.dirs else 0)
+    reserve = BASE_RESERVE + POOL_SIZE + (open_chunk_limit() if config.cache.dirs else 0)
     cap = config.max_connections or connection_cap(soft, reserve)
     log.info("descriptor limit %d (hard %d): at most %d client connections", soft, hard, cap)
     if soft != resource.RLIM_INFINITY and soft < cap + reserve:

@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import random
+import resource
 import socket
 import subprocess
 import threading
@@ -33,6 +34,7 @@ from lota.cache.store import (
     CacheStore,
     CacheWriteError,
     ObjectMeta,
+    fdcache,
 )
 from lota.clock import FakeClock
 
@@ -861,3 +863,17 @@ async def test_an_answer_older_than_an_invalidation_is_admitted_for_revalidation
     assert late.meta.validated_at == 0.0  # checked with the origin before its next use
     fresh = await store.admit(meta(key="k2", validated_at=1000.0), since=store.epoch)
     assert fresh.meta.validated_at == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("soft", "kept"),
+    [(256, 512), (1024, 512), (20_000, 5_000), (1 << 20, 16_384), (resource.RLIM_INFINITY, 16_384)],
+)
+def test_chunk_descriptors_kept_open_follow_the_descriptor_limit(
+    monkeypatch: pytest.MonkeyPatch, soft: int, kept: int
+) -> None:
+    """A quarter of the process's descriptors, within 512..16,384: a hot set of 1,000
+    small objects stays open under a 20,000 limit instead of reopening a file per hit."""
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
+    assert fdcache.open_chunk_limit() == kept
+    assert fdcache.FdCache()._limit == kept

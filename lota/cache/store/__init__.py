@@ -54,13 +54,12 @@ the ``after-restart`` verification catches those, ``verify="never"`` would not.
 from lota.cache.store.entries import CachedObject, ObjectMeta
 from lota.cache.store.errors import CacheDirInUse, CacheError, CacheWriteError
 from lota.cache.store.facade import COUNTERS, CacheStore
-from lota.cache.store.fdcache import MAX_OPEN_CHUNKS
+from lota.cache.store.fdcache import open_chunk_limit
 from lota.cache.store.reader import VERIFY_POLICIES, ChunkReader, VerifyPolicy, read_resident
 from lota.cache.store.writer import ChunkWriter
 
 __all__ = [
     "COUNTERS",
-    "MAX_OPEN_CHUNKS",
     "VERIFY_POLICIES",
     "CacheDirInUse",
     "CacheError",
@@ -71,5 +70,6 @@ __all__ = [
     "ChunkWriter",
     "ObjectMeta",
     "VerifyPolicy",
+    "open_chunk_limit",
     "read_resident",
 ]

@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import os
+import resource
 from collections import OrderedDict
 
 from lota.cache.store.entries import Chunk
 
-MAX_OPEN_CHUNKS = 512
-"""Chunk descriptors kept open for hits (well under the usual 1024..1M fd limits)."""
+MIN_OPEN_CHUNKS = 512
+MAX_OPEN_CHUNKS = 16_384
+
+
+def open_chunk_limit() -> int:
+    """Chunk descriptors kept open for hits: a quarter of this process's descriptor limit
+    (raised to the hard one at start, :func:`lota.connections.raise_descriptor_limit`),
+    between 512 and 16,384. A hot set of small objects larger than this reopens a file on a
+    thread for every hit; kept descriptors pin nothing (an evicted chunk's is closed)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return MAX_OPEN_CHUNKS
+    return max(MIN_OPEN_CHUNKS, min(MAX_OPEN_CHUNKS, soft // 4))
 
 
 class FdCache:
     """At most `limit` chunk descriptors, least recently read closed first (unless read
     now). A chunk's descriptor is ``chunk.fd``, -1 when not kept open."""
 
-    def __init__(self, limit: int = MAX_OPEN_CHUNKS) -> None:
-        self._limit = limit
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = open_chunk_limit() if limit is None else limit
         self._open: OrderedDict[Chunk, None] = OrderedDict()
 
     def keep(self, chunk: Chunk, fd: int) -> None:
