@@ -248,15 +248,20 @@ def _usable(membership: Membership) -> Callable[[str], bool]:
 
 
 def _tell(peers: PeerClient, indexes: list[int]) -> Callable[[str, list[str]], Awaitable[None]]:
-    """Have the sibling workers drop their copies of `keys`, all at once, waiting at most
-    SIBLING_TELL_TIMEOUT; siblings that do not answer (restarting, or stuck) are logged."""
+    """Have the sibling workers drop their copies of `keys`, all at once, each call waiting
+    at most SIBLING_TELL_TIMEOUT (however many keys: a DeleteObjects of 1,000 is not cut
+    short); siblings that do not answer (restarting, or stuck) are logged."""
+
+    async def one(k: int, bucket: str, key: str) -> bool:
+        try:
+            return await asyncio.wait_for(
+                peers.invalidate(worker_name(k), bucket, key), SIBLING_TELL_TIMEOUT
+            )
+        except TimeoutError:
+            return False
 
     async def tell(bucket: str, keys: list[str]) -> None:
-        calls = [peers.invalidate(worker_name(k), bucket, key) for k in indexes for key in keys]
-        try:
-            told = await asyncio.wait_for(asyncio.gather(*calls), SIBLING_TELL_TIMEOUT)
-        except TimeoutError:
-            told = [False] * len(calls)
+        told = await asyncio.gather(*(one(k, bucket, key) for k in indexes for key in keys))
         if not all(told):
             log.warning("%d of %d sibling invalidations unanswered", told.count(False), len(told))
 
