@@ -173,10 +173,12 @@ async def build_cache(
             )
 
             feature = replace(feature, peer=endpoint.handle)
-        if tell_siblings is not None:
-            feature = replace(feature, tell_siblings=tell_siblings)
+        if siblings is not None and tell_siblings is not None:
+            feature = replace(feature, ready=siblings.is_met, tell_siblings=tell_siblings)
         if cluster is not None:
-            feature = replace(feature, ready=cluster.is_ready, tell_nodes=cluster.invalidate)
+            feature = replace(
+                feature, ready=_all(feature.ready, cluster.is_ready), tell_nodes=cluster.invalidate
+            )
         yield feature
 
 
@@ -231,6 +233,11 @@ async def build_cluster(config: Config, metrics: Metrics) -> AsyncIterator[Clust
             yield cluster
         finally:
             await tasks.close()
+
+
+def _all(*checks: Callable[[], bool]) -> Callable[[], bool]:
+    """True when every check is."""
+    return lambda: all(check() for check in checks)
 
 
 def _sibling_peers(siblings: Siblings, config: Config, metrics: Metrics) -> PeerClient:

@@ -76,8 +76,8 @@ class CacheFeature:
     """Have every other node of the cluster drop its cached copies of these keys (when no
     catalog carries the news)."""
     ready: Callable[[], bool] = _always
-    """Whether the cache can serve: its index is loaded, and in a cluster the members are
-    known."""
+    """Whether the cache can serve: its index is loaded, every sibling worker has answered
+    once, and in a cluster the members are known."""
     cached_etag: Callable[[str, str], str] = _no_etag
     """The ETag of this node's cached copy of (bucket, key); "" when it has none."""
     writes: WriteCache = field(default_factory=WriteCache.off)

@@ -1,5 +1,10 @@
 """What one worker keeps of its siblings: an HTTP session to each one's Unix socket (peer
-calls, metrics), and the descriptor socket it answers them on."""
+calls, metrics), and the descriptor socket it answers them on.
+
+A worker says it is ready only once every sibling has answered it (or after
+:data:`MEET_TIMEOUT`): otherwise the first reads after the node starts would find a
+sibling still starting, and read its chunks from the origin instead of having it fill them
+once for the node."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 
 from lota.cache.service import ChunkService
+from lota.tasks import TaskGroup
 from lota.workers.fds import FdServer, Opened
 from lota.workers.spec import WorkerSpec
 
@@ -20,6 +26,10 @@ log = logging.getLogger("lota.workers")
 _SIBLING = re.compile(r"worker-[0-9]+")
 # Seconds to wait for a sibling's metrics before rendering without them.
 METRICS_TIMEOUT = 2.0
+# Seconds a starting worker waits for its siblings to answer before it is ready without
+# them (a sibling that does not start stops the node sooner); and how often it asks.
+MEET_TIMEOUT = 30.0
+MEET_INTERVAL = 0.05
 
 
 def worker_name(index: int) -> str:
@@ -49,6 +59,35 @@ class Siblings:
             for k in range(spec.count)
             if k != spec.index
         }
+        self.met = False
+        """Whether every sibling has answered once (or :data:`MEET_TIMEOUT` passed)."""
+
+    async def meet(self) -> None:
+        """Ask each sibling's ``/_lota/healthz`` until it answers, up to
+        :data:`MEET_TIMEOUT` in all; then :attr:`met`."""
+
+        async def one(session: aiohttp.ClientSession) -> None:
+            while True:
+                try:
+                    async with session.get("http://localhost/_lota/healthz") as response:
+                        if response.status == 200:
+                            return
+                except (aiohttp.ClientError, OSError):
+                    pass  # not listening yet
+                await asyncio.sleep(MEET_INTERVAL)
+
+        try:
+            async with asyncio.timeout(MEET_TIMEOUT):
+                await asyncio.gather(*(one(s) for s in self.sessions.values()))
+        except TimeoutError:
+            log.warning(
+                "not every sibling worker answered within %.0f s: serving without them",
+                MEET_TIMEOUT,
+            )
+        self.met = True
+
+    def is_met(self) -> bool:
+        return self.met
 
     @property
     def indexes(self) -> list[int]:
@@ -78,11 +117,14 @@ class Siblings:
 
 @asynccontextmanager
 async def siblings(spec: WorkerSpec) -> AsyncIterator[Siblings]:
-    """The sessions to the siblings, closed on exit."""
+    """The sessions to the siblings, meeting them in the background; closed on exit."""
     found = Siblings(spec)
+    meeting = TaskGroup("siblings")
+    meeting.start(found.meet(), "meet")
     try:
         yield found
     finally:
+        await meeting.close()
         await found.close()
 
 

@@ -133,3 +133,47 @@ def test_a_sibling_is_a_worker_of_this_node_never_a_host_named_like_one() -> Non
     assert is_sibling(worker_name(0)) and is_sibling(worker_name(12))
     for member in ("worker-12.gpu.internal:7070", "worker-3:9000", "10.0.0.5:9000", "worker-"):
         assert not is_sibling(member)
+
+
+async def test_a_worker_is_ready_once_its_siblings_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiohttp import web
+
+    from lota.workers.node import siblings as sibling_sessions
+    from lota.workers.spec import WorkerSpec
+
+    spec = WorkerSpec(index=0, count=3, listen_fd=-1, run_dir=str(tmp_path), secret="s")
+    runners = []
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def answer(index: int) -> None:
+        app = web.Application()
+        app.router.add_get("/_lota/healthz", ok)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.UnixSite(runner, spec.http_socket(index)).start()
+        runners.append(runner)
+
+    try:
+        async with sibling_sessions(spec) as found:
+            await answer(1)
+            await asyncio.sleep(0.3)
+            assert not found.is_met()  # worker-2 is still starting
+            await answer(2)
+            for _ in range(100):
+                if found.is_met():
+                    break
+                await asyncio.sleep(0.02)
+            assert found.is_met()
+        # A sibling that never answers holds a worker back for MEET_TIMEOUT only.
+        monkeypatch.setattr("lota.workers.node.MEET_TIMEOUT", 0.2)
+        alone = WorkerSpec(index=0, count=2, listen_fd=-1, run_dir=str(tmp_path / "x"), secret="")
+        async with sibling_sessions(alone) as found:
+            await asyncio.sleep(0.5)
+            assert found.is_met()
+    finally:
+        for runner in runners:
+            await runner.cleanup()
