@@ -180,13 +180,23 @@ def _close_quietly(stream: IO[bytes] | None) -> None:
 @contextlib.contextmanager
 def moto_server(port: int = 0) -> Iterator[str]:
     """moto's S3 server in a subprocess for synchronous code (pytest fixtures); yields its URL."""
-    moto = _MotoProcess(port)
+    with moto_servers(1, port) as (endpoint,):
+        yield endpoint
+
+
+@contextlib.contextmanager
+def moto_servers(count: int, port: int = 0) -> Iterator[list[str]]:
+    """`count` moto S3 servers started side by side (one per region); yields their URLs."""
+    motos = [_MotoProcess(port if count == 1 else 0) for _ in range(count)]
     try:
-        moto.spawn()
-        moto.wait_ready()
-        yield moto.endpoint
+        for moto in motos:
+            moto.spawn()
+        for moto in motos:
+            moto.wait_ready()
+        yield [moto.endpoint for moto in motos]
     finally:
-        moto.stop()
+        for moto in motos:
+            moto.stop()
 
 
 class EmbeddedOrigin:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -104,8 +103,10 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         """Start every node at once; return when all are ready."""
         try:
-            with ThreadPoolExecutor(len(self.nodes)) as pool:
-                list(pool.map(LotaProcess.start, self.nodes))
+            for node in self.nodes:
+                node.spawn()
+            for node in self.nodes:
+                node.wait_ready()
         except BaseException:
             self.stop()
             raise

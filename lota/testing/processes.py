@@ -85,6 +85,10 @@ class LotaProcess:
     def start(self, timeout: float = 30.0, *, ready: bool = True) -> LotaProcess:
         """Start it and wait until ``readyz`` says ready (or, `ready` False, answers at all:
         a node that is up but not ready, 503)."""
+        return self.spawn().wait_ready(timeout, ready=ready)
+
+    def spawn(self) -> LotaProcess:
+        """Start it, not waiting (:meth:`wait_ready`): several nodes start side by side."""
         log = self.log_path.open("ab")
         limit = [] if self.nofile is None else ["prlimit", f"--nofile={self.nofile}", "--"]
         self.proc = subprocess.Popen(
@@ -94,6 +98,11 @@ class LotaProcess:
             env=self.env,
         )
         log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0, *, ready: bool = True) -> LotaProcess:
+        """Wait until the spawned process's ``readyz`` says ready (see :meth:`start`)."""
+        assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + timeout
         context = unverified_context()
         why = "no answer"

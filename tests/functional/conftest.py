@@ -16,7 +16,7 @@ import pytest
 
 from lota.catalog import CatalogObject, open_catalog
 from lota.clock import Clock
-from lota.embedded import moto_server
+from lota.embedded import moto_servers
 from lota.testing.processes import LotaProcess
 from tests.recorder import RecordingProxy, recording_proxy
 
@@ -85,8 +85,7 @@ def regions(
     catalog_for_regions: str, credentials_file: Path, tmp_path: Path
 ) -> Iterator[TwoRegions]:
     with (
-        moto_server() as endpoint_a,
-        moto_server() as endpoint_b,
+        moto_servers(2) as (endpoint_a, endpoint_b),
         recording_proxy(endpoint_a) as link_a,
         recording_proxy(endpoint_b) as link_b,
     ):
@@ -98,7 +97,7 @@ def regions(
         nodes: list[LotaProcess] = []
         ports: dict[str, int] = {}
 
-        def start(region: str) -> LotaProcess:
+        def spawn(region: str) -> LotaProcess:
             config = tmp_path / f"{region}.toml"
             config.write_text(
                 f'region = "{region}"\nnode = "node-{region}"\n'
@@ -116,11 +115,15 @@ def regions(
                 node.url = f"http://127.0.0.1:{node.port}"
                 node.args = ["--listen", f"127.0.0.1:{node.port}", "--config", str(config)]
             ports[region] = node.port
-            nodes.append(node.start())
+            nodes.append(node.spawn())
             return node
 
+        def start(region: str) -> LotaProcess:
+            return spawn(region).wait_ready()
+
         try:
-            a, b = start("us-east"), start("eu-west")
+            a, b = spawn("us-east"), spawn("eu-west")
+            a.wait_ready(), b.wait_ready()
             yield TwoRegions(a, b, origin_a, origin_b, link_b, start, link_a, catalog_for_regions)
         finally:
             for node in nodes:

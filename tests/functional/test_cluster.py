@@ -123,19 +123,21 @@ def test_24_clients_on_6_nodes_read_a_cold_gib_once_from_the_origin_and_outlive_
     assert [(r.error, r.digest) for r in cold] == [(None, expected)] * 24
     assert recorder.bytes_sent(path) <= 1.02 * GiB, recorder.bytes_sent(path) / GiB
 
+    # The later rounds: one client per node (the suite's time; the storm was the first).
+    ones = urls[::4]
     read_once = recorder.bytes_sent(path)
-    warm = _read_everywhere(urls)
-    assert [(r.error, r.digest) for r in warm] == [(None, expected)] * 24
+    warm = _read_everywhere(ones)
+    assert [(r.error, r.digest) for r in warm] == [(None, expected)] * 6
     assert recorder.bytes_sent(path) == read_once  # no origin byte in the second round
 
     def kill_node_5(received: int) -> None:
-        if received > 4 * GiB and cluster.nodes[5].proc and cluster.nodes[5].proc.poll() is None:
+        if received > GiB and cluster.nodes[5].proc and cluster.nodes[5].proc.poll() is None:
             cluster.kill(5)
 
-    dying = _read_everywhere(urls, kill=kill_node_5)
+    dying = _read_everywhere(ones, kill=kill_node_5)
     assert cluster.nodes[5].proc is not None and cluster.nodes[5].proc.poll() is not None
-    survivors = [(r.error, r.digest) for r in dying[:20]]
-    assert survivors == [(None, expected)] * 20
+    survivors = [(r.error, r.digest) for r in dying[:5]]
+    assert survivors == [(None, expected)] * 5
 
     cluster.restart(5)
     deadline = time.monotonic() + 90
@@ -147,7 +149,7 @@ def test_24_clients_on_6_nodes_read_a_cold_gib_once_from_the_origin_and_outlive_
     served = 'lota_peer_served_total{source="HIT"}'
     before = _metric(cluster.nodes[5].metrics(), served)
     origin_before = recorder.bytes_sent(path)
-    again = _read_everywhere(urls[::4])
+    again = _read_everywhere(ones)
     assert [(r.error, r.digest) for r in again] == [(None, expected)] * 6
     assert _metric(cluster.nodes[5].metrics(), served) > before  # it serves its chunks...
     assert recorder.bytes_sent(path) == origin_before  # ...from its disk

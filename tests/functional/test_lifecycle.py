@@ -229,6 +229,9 @@ async def plan_then_run(setup: Setup, now: float) -> list[dict[str, Any]]:
     return planned
 
 
+# PostgreSQL only: the catalog backends answer alike (tests/functional/test_catalog_backends.py),
+# and the 90 days take most of a minute.
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)
 async def test_90_days_hot_stays_unread_archives_newest_checkpoints_stay(setup: Setup) -> None:
     started = time.monotonic()
     upload(setup)
@@ -538,10 +541,12 @@ def test_rules_put_through_one_node_apply_on_every_node_and_tags_pick_what_moves
         write_config(tmp_path / f"{n}.toml", n, catalog_url, endpoint, tmp_path)
         for n in ("n1", "n2")
     ]
-    nodes = [
-        LotaProcess(["--config", str(c)], log_path=c.with_suffix(".log")).start() for c in configs
-    ]
+    nodes = [LotaProcess(["--config", str(c)], log_path=c.with_suffix(".log")) for c in configs]
+    for node in nodes:
+        node.spawn()
     try:
+        for node in nodes:
+            node.wait_ready()
         assert _rules(nodes[1])["version"] == 0  # the config's seed
         rules = {
             "rules": [

@@ -78,7 +78,8 @@ def reachable(module: str) -> set[str]:
     return seen
 
 
-def import_graph(*, in_functions: bool = False) -> dict[str, set[str]]:
+@cache
+def import_graph(*, in_functions: bool = False) -> Mapping[str, Set[str]]:
     """Each module of the package and the package's modules it imports."""
     return {module: imports(module, in_functions=in_functions) for module in modules()}
 
