@@ -30,9 +30,11 @@ serve: $(STAMP)
 	  $(BIN)/lota serve --credentials "$$creds"; \
 	else $(BIN)/lota serve --embedded-origin --cache-dir var/cache --cache-size 10GiB; fi
 
+# Two pytest processes, each taking whole files (fixtures started per file stay with it).
+TEST_PROCESSES ?= 2
 test: $(STAMP)
 	$(BIN)/python -m tests.setup_services
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check lota tests bench
