@@ -26,18 +26,23 @@ MiB = 1024 * 1024
 CHUNK = 8 * MiB
 
 
-@pytest.fixture
-def node(recorder: RecordingProxy, credentials_file: Path, tmp_path: Path) -> Iterator[LotaProcess]:
-    """A node of two workers, 1 GiB of cache between them."""
+def _two_workers(
+    recorder: RecordingProxy, credentials_file: Path, tmp_path: Path, env: dict[str, str]
+) -> LotaProcess:
+    """A node of two workers, 1 GiB of cache between them (not started)."""
     config = tmp_path / "lota.toml"
     config.write_text(
         f'workers = 2\n[cache]\ndirs = ["{tmp_path / "cache"}"]\nsize = "1GiB"\n'
         f'[auth]\ncredentials = "{credentials_file}"\n'
         f'[regions.us-east]\nendpoint = "{recorder.url}"\n'
     )
-    started = LotaProcess(
-        ["--config", str(config)], log_path=tmp_path / "lota.log", env={"LOTA_WORKERS": "2"}
-    ).start()
+    env = {"LOTA_WORKERS": "2", **env}
+    return LotaProcess(["--config", str(config)], log_path=tmp_path / "lota.log", env=env)
+
+
+@pytest.fixture
+def node(recorder: RecordingProxy, credentials_file: Path, tmp_path: Path) -> Iterator[LotaProcess]:
+    started = _two_workers(recorder, credentials_file, tmp_path, {}).start()
     yield started
     started.stop()
 
@@ -110,6 +115,33 @@ def test_two_workers_serve_one_cache_under_one_budget(
     sent = sum(float(v) for v in re.findall(r"^lota_cache_bytes_total\{[^}]*\} (\S+)$", text, re.M))
     assert sent == 28 * sum(len(blob) for blob in blobs.values())
     assert {key: recorder.bytes_sent(f"/{bucket}/{key}") for key in blobs} == fetched
+
+
+def test_a_node_is_ready_only_once_every_worker_is(
+    recorder: RecordingProxy, credentials_file: Path, tmp_path: Path, origin_s3: Any, bucket: str
+) -> None:
+    """Worker 1 starts 3 s after worker 0 (a sitecustomize that sleeps in it): the node is
+    not ready meanwhile, so the first reads find both workers serving and the origin sends
+    each chunk once, not once more for each read that found worker 1 still starting."""
+    late = tmp_path / "late"
+    late.mkdir()
+    (late / "sitecustomize.py").write_text(
+        "import json, os, time\n"
+        "spec = os.environ.get('LOTA_WORKER')\n"
+        "if spec and json.loads(spec)['index'] == 1:\n"
+        "    time.sleep(3)\n"
+    )
+    path = os.pathsep.join(p for p in (str(late), os.environ.get("PYTHONPATH", "")) if p)
+    node = _two_workers(recorder, credentials_file, tmp_path, {"PYTHONPATH": path}).start()
+    try:
+        data = os.urandom(3 * CHUNK + 5)
+        origin_s3.put_object(Bucket=bucket, Key="o", Body=data)
+        url = presigned_get(node.url, bucket, "o")
+        want = xxhash.xxh3_128(data).hexdigest()
+        assert {digest for digest, _ in _read_all({"o": url}, ["o"] * 16)} == {want}
+        assert recorder.bytes_sent(f"/{bucket}/o") == len(data)
+    finally:
+        node.stop()
 
 
 def _read_all(urls: dict[str, str], keys: list[str]) -> list[tuple[str, str]]:
