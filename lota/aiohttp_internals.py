@@ -15,6 +15,12 @@ findable when aiohttp changes:
   response sends its headers through before ``sendfile``.
 - :func:`bound_address`: ``TCPSite._server``, the asyncio server, for the port really
   bound when listening on port 0.
+- :func:`idle_waiter`, :func:`take_message`, :func:`keep_alive_until`: a connection's
+  queue of parsed requests (``RequestHandler._messages``, ``_waiter``, ``_parser``,
+  ``_next_keepalive_close_time``), so that a request answerable at once is answered as
+  it is parsed, without a task, a request and a response object (lota.node.listener).
+- :func:`http_date`: ``aiohttp.helpers.rfc822_formatted_time``, the Date header aiohttp
+  writes (formatted once a second), for responses written without it.
 - :func:`extend_read_timeout`: ``ResponseHandler.read_timeout`` and ``start_timeout()``
   of a client connection: a response whose head came in time gets a longer wait between
   body bytes (what aiohttp itself does for a websocket after its handshake).
@@ -36,12 +42,61 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 
 
 def queued_requests(handler: RequestHandler) -> int:
     """How many parsed request heads wait on this connection to be answered."""
     return len(handler._messages)
+
+
+def idle_waiter(handler: RequestHandler) -> asyncio.Future[None] | None:
+    """The future the connection's task waits on for its next request, if it waits."""
+    waiter = handler._waiter
+    return None if waiter is None or waiter.done() else waiter
+
+
+def hold_waiter(handler: RequestHandler) -> None:
+    """Keep the connection's task asleep while requests are parsed (see :func:`idle_waiter`):
+    :func:`release_waiter` wakes it if any are left for it."""
+    handler._waiter = None
+
+
+def release_waiter(handler: RequestHandler, waiter: asyncio.Future[None]) -> None:
+    handler._waiter = waiter
+    if handler._messages:
+        waiter.set_result(None)
+
+
+def next_bodiless(handler: RequestHandler) -> RawRequestMessage | None:
+    """The first queued request if it is a well-formed one without a body."""
+    if not handler._messages:
+        return None
+    message, payload = handler._messages[0]
+    if payload is not EMPTY_PAYLOAD or not isinstance(message, RawRequestMessage):
+        return None
+    return message
+
+
+def take_message(handler: RequestHandler) -> None:
+    """Take the first queued request off the queue: it has been answered."""
+    handler._messages.popleft()
+    consumed = getattr(handler._parser, "message_consumed", None)  # aiohttp >= 3.13.3
+    if consumed is not None:
+        consumed()
+
+
+def keep_alive_until(handler: RequestHandler, when: float) -> None:
+    """aiohttp's own keep-alive timer must not close a connection that was just used."""
+    handler._next_keepalive_close_time = when
+
+
+def http_date() -> str:
+    """Now, as the Date header of a response."""
+    return rfc822_formatted_time()
 
 
 def handler_loop(handler: RequestHandler) -> asyncio.AbstractEventLoop:

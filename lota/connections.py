@@ -205,6 +205,13 @@ class GuardedRequestHandler(RequestHandler):
             self._waiting()
         return result
 
+    def head_answered(self, now: float) -> None:
+        """Requests were answered as they were parsed (see lota.node.listener): with none
+        left queued, the connection waits for its next head, as after any response."""
+        if not queued_requests(self) and self.transport is not None:
+            self._clock.response_done(now)
+            self._waiting()
+
     def give_way(self) -> None:
         """Close to make room for a new connection (this one waits for a head)."""
         self._guard.closed("evicted")

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 
@@ -53,6 +53,15 @@ PlacementFor = Callable[[str], Placement]
 
 class ObjectChanged(LotaError):
     """The origin's object is no longer the one the cache entry describes."""
+
+
+@dataclass(frozen=True, slots=True)
+class SmallHit:
+    """A GET answered at once (:meth:`ReadPath.hit_now`): status, headers and body."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes | bytearray
 
 
 class ReadPath:
@@ -97,6 +106,32 @@ class ReadPath:
             spread_get = placement.spread and request.method == "GET"
             obj, answered = result, "HIT" if spread_get else "MISS"
         return await self._respond(request, target, placement, obj, answered)
+
+    def hit_now(self, headers: Mapping[str, str], target: Target) -> SmallHit | None:
+        """The answer :meth:`serve` would give a GET, when it needs no waiting: the entry
+        is fresh, its conditions pass, the range is small and every byte of it is in the
+        page cache behind a descriptor open here (:meth:`Deliverer.read_now`). None for
+        anything else, with nothing counted: then :meth:`serve` answers."""
+        if "partNumber" in target.names:
+            return None
+        obj = self.cache.lookup(target.bucket, target.key)
+        if obj is None or self._due(obj):
+            return None
+        m = obj.meta
+        try:
+            conditions.check(headers, m.etag, m.last_modified)
+            first, last, status = plan.answer_range(headers.get("range", ""), m.size)
+        except (conditions.NotModified, S3Error):
+            return None
+        if last < first or last - first >= SMALL_BODY:
+            return None
+        placement = self._placement_for(target.bucket)
+        body = self.deliverer.read_now(placement, obj, first, last)
+        if body is None:
+            return None
+        answer = self._response_headers(headers, target, obj, first, last, status, None, "HIT")
+        self._read_ahead(placement, obj, first, last)
+        return SmallHit(status, answer, body)
 
     async def serve_version(
         self, request: web.BaseRequest, target: Target, source: ChunkSource, etag: str
@@ -266,19 +301,34 @@ class ReadPath:
         part: int | None,
         answered: str,
     ) -> None:
-        checksums = request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
         response.headers.extend(
-            plan.response_headers(
-                obj.meta.headers,
-                status=status,
-                checksums=checksums,
-                part=part is not None,
-                overrides=plan.overrides(target),
-                source=answered,
-                first=first,
-                last=last,
-                size=obj.meta.size,
+            self._response_headers(
+                request.headers, target, obj, first, last, status, part, answered
             )
+        )
+
+    def _response_headers(
+        self,
+        headers: Mapping[str, str],
+        target: Target,
+        obj: CachedObject,
+        first: int,
+        last: int,
+        status: int,
+        part: int | None,
+        answered: str,
+    ) -> list[tuple[str, str]]:
+        checksums = headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+        return plan.response_headers(
+            obj.meta.headers,
+            status=status,
+            checksums=checksums,
+            part=part is not None,
+            overrides=plan.overrides(target),
+            source=answered,
+            first=first,
+            last=last,
+            size=obj.meta.size,
         )
 
     async def _part_range(

@@ -84,6 +84,11 @@ class Placement(Protocol):
         zero-copy); None if not, or if it is not another worker's."""
         ...
 
+    def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
+        """Like :meth:`open_elsewhere`, without waiting: only a chunk whose descriptor
+        another worker has handed over already (and that is kept here)."""
+        ...
+
     def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:
         """Have these chunks filled where they belong; nobody waits for it."""
         ...
@@ -125,6 +130,9 @@ class Alone:
         return False
 
     async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
+        return None
+
+    def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
         return None
 
     def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:

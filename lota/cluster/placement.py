@@ -160,6 +160,11 @@ class Clustered:
             return None
         return await self._local.open_elsewhere(obj, index)
 
+    def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
+        if self._asked(obj, index):
+            return None
+        return self._local.kept_elsewhere(obj, index)
+
     def _owners(self, asked: Sequence[str]) -> OwnersSource:
         peers = [self._cluster.peers.source(m) for m in asked]
         return OwnersSource(peers, self.origin, self._cluster.usable, self._metrics)

@@ -117,7 +117,7 @@ async def build_node(
             catalog=catalog,
             invalidation=Invalidation(cache, catalog),
         )
-        node = Node(config, front.handle, drain, limits, metrics, worker)
+        node = Node(config, front.handle, drain, limits, metrics, worker, at_once=front.answer_now)
         drain.ready = True
         yield node
 

@@ -152,6 +152,7 @@ async def build_cache(
             on=True,
             cacheable=cacheable,
             serve=reads.serve,
+            hit=reads.hit_now,
             invalidate=service.invalidate,
             warm=warm,
             cached_etag=cached_etag,

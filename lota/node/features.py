@@ -20,6 +20,7 @@ from aiohttp import web
 
 from lota.auth.body import BodyDecoder
 from lota.cache.intake import WriteCache
+from lota.cache.reads import SmallHit
 from lota.cache.warm import Warm
 from lota.catalog import PendingSummary
 from lota.s3.addressing import Target
@@ -55,6 +56,10 @@ def _no_etag(bucket: str, key: str) -> str:
     return ""
 
 
+def _no_hit(headers: Mapping[str, str], target: Target) -> SmallHit | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheFeature:
     """What the front end asks of the node's read cache (built by
@@ -82,6 +87,9 @@ class CacheFeature:
     """The ETag of this node's cached copy of (bucket, key); "" when it has none."""
     writes: WriteCache = field(default_factory=WriteCache.off)
     """What accelerated writes ask of the cache: keep what they write, serve it back."""
+    hit: Callable[[Mapping[str, str], Target], SmallHit | None] = _no_hit
+    """A cacheable GET answered at once, as :attr:`serve` would answer it, when that needs
+    no waiting (a small hit in the page cache); None otherwise."""
 
     @classmethod
     def off(cls) -> CacheFeature:

@@ -5,12 +5,21 @@ middlewares) is a measured choice: it keeps the hit path's per-request work smal
 (``python -m bench.latency``). Errors in aiohttp's HTTP parser reach the client as S3 XML
 (:class:`S3RequestHandler`); each response's bytes are counted by a
 :class:`lota.http.BodyWriter`.
+
+Answered at once: a request without a body that arrives while its connection has nothing
+else in hand is first offered to the server's `at_once` (the front end's
+:meth:`~lota.node.front.Front.answer_now`: a small cache hit), which answers it there and
+then, as the parser hands it over, with one write; aiohttp's task, request and response
+objects cost more than the hit itself (``python -m bench.nginx``). Whatever `at_once`
+declines, and everything after it on that connection, goes the usual way, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -19,7 +28,18 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from lota.aiohttp_internals import handler_kwargs, server_loop
+from lota.aiohttp_internals import (
+    handler_kwargs,
+    handler_loop,
+    hold_waiter,
+    idle_waiter,
+    keep_alive_until,
+    next_bodiless,
+    queued_requests,
+    release_waiter,
+    server_loop,
+    take_message,
+)
 from lota.config import Config
 from lota.connections import GuardedRequestHandler, GuardedServer
 from lota.errors import StartupError
@@ -33,9 +53,73 @@ from lota.s3.errors import S3Error
 # line keeps aiohttp's 8 KiB bound, at most 128 of them.
 MAX_REQUEST_LINE = 64 * 1024
 
+# A request answered at once: its response's buffers (head, body), or None to decline.
+AtOnce = Callable[[RawRequestMessage, str | None], Sequence[bytes | bytearray] | None]
+
+
+def never_at_once(
+    message: RawRequestMessage, remote: str | None
+) -> Sequence[bytes | bytearray] | None:
+    return None
+
 
 class S3RequestHandler(GuardedRequestHandler):
-    """aiohttp's connection handler, with its HTTP-level errors answered as S3 XML."""
+    """aiohttp's connection handler, with its HTTP-level errors answered as S3 XML and the
+    requests its server's `at_once` takes answered as they are parsed."""
+
+    def __init__(self, manager: S3Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._at_once = manager.at_once
+        self._remote: str | None = None
+        # From when aiohttp's task takes a request off the queue until its response is
+        # written: a request answered at once meanwhile would overtake it.
+        self.answering = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.answering or queued_requests(self) or self.writing_paused:
+            super().data_received(data)
+            return
+        # The task may be asleep, waiting for a request: it stays so unless some are left
+        # for it. Or it is between two (a response written): it looks at the queue itself.
+        waiter = idle_waiter(self)
+        if waiter is not None:
+            hold_waiter(self)
+        try:
+            super().data_received(data)
+            self._answer_at_once()
+        finally:
+            if waiter is not None:
+                release_waiter(self, waiter)
+
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self.answering = False
+
+    def _answer_at_once(self) -> None:
+        """Answer the queued requests `at_once` takes, from the first; stop at the first it
+        declines (it and the rest go to aiohttp's task, in order)."""
+        answered = False
+        transport = self.transport
+        while transport is not None and not self.writing_paused:
+            message = next_bodiless(self)
+            if message is None or message.should_close:
+                break
+            if self._remote is None:
+                self._remote = _remote(self.peername)
+            reply = self._at_once(message, self._remote)
+            if reply is None:
+                break
+            take_message(self)
+            transport.writelines(reply)
+            answered = True
+        if answered:
+            now = handler_loop(self).time()
+            keep_alive_until(self, now + self.keepalive_timeout)
+            self.head_answered(now)
 
     def handle_error(
         self,
@@ -65,6 +149,10 @@ class S3Server(GuardedServer):
     """aiohttp's low-level server using :class:`S3RequestHandler` for each connection, and
     a :class:`BodyWriter` for each response."""
 
+    def __init__(self, handler: Any, *, at_once: AtOnce = never_at_once, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.at_once = at_once
+
     def __call__(self) -> RequestHandler:
         return S3RequestHandler(self, loop=server_loop(self), **handler_kwargs(self))
 
@@ -76,10 +164,20 @@ class S3Server(GuardedServer):
         writer: AbstractStreamWriter,
         task: asyncio.Task[None],
     ) -> web.BaseRequest:
+        # aiohttp's task has just taken this request off the queue.
+        if isinstance(protocol, S3RequestHandler):
+            protocol.answering = True
         # In place of the writer aiohttp made: this one keeps count of what went out.
         loop = server_loop(self)
         counted = BodyWriter(protocol, loop)
         return web.BaseRequest(message, payload, protocol, counted, task, loop)
+
+
+def _remote(peername: Any) -> str | None:
+    """The client's address, as ``request.remote`` gives it."""
+    if peername is None:
+        return None
+    return str(peername[0]) if isinstance(peername, (list, tuple)) else str(peername)
 
 
 def ssl_context(config: Config) -> ssl.SSLContext | None:

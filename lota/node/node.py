@@ -29,7 +29,7 @@ from lota.config import Config
 from lota.connections import ConnectionLimits
 from lota.errors import StartupError
 from lota.metrics import Metrics
-from lota.node.listener import MAX_REQUEST_LINE, S3Server, ssl_context
+from lota.node.listener import MAX_REQUEST_LINE, AtOnce, S3Server, never_at_once, ssl_context
 from lota.node.requests import next_request_id
 from lota.workers.spec import WorkerSpec
 
@@ -94,13 +94,16 @@ class Node:
         limits: ConnectionLimits,
         metrics: Metrics,
         worker: WorkerSpec | None = None,
+        at_once: AtOnce | None = None,
     ) -> None:
+        """`at_once`: requests answered as they are parsed (see lota.node.listener)."""
         self.config = config
         self.metrics = metrics
         self._drain = drain
         self._worker = worker
         server = S3Server(
             handler,
+            at_once=at_once or never_at_once,
             limits=limits,
             metrics=metrics,
             request_id=next_request_id,

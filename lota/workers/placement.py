@@ -72,6 +72,12 @@ class Local:
             return None
         return await self._siblings[owner].open(obj.meta, index)
 
+    def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenChunk | None:
+        owner = self._owner(obj, index)
+        if owner == self._me:
+            return None
+        return self._siblings[owner].kept(obj.meta, index)
+
     def prefetch(self, obj: CachedObject, indexes: Sequence[int]) -> None:
         mine, theirs = self._split(obj, indexes)
         if mine:

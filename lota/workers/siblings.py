@@ -83,14 +83,22 @@ class SiblingSource:
         async with self._peer.get(bucket, key, byte_range=byte_range, if_match=if_match) as reply:
             yield _FromSibling(reply)
 
+    def kept(self, meta: ObjectMeta, index: int) -> OpenChunk | None:
+        """The chunk if its descriptor is kept here (the sibling handed it over before)."""
+        chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
+        kept = self._kept.get(chunk)
+        if kept is None:
+            return None
+        self._kept.move_to_end(chunk)
+        return kept.use()
+
     async def open(self, meta: ObjectMeta, index: int) -> OpenChunk | None:
         """The chunk, if the sibling holds it (a kept descriptor, or a new one); None if not,
         or if the sibling cannot be asked right now."""
-        chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
-        kept = self._kept.get(chunk)
+        kept = self.kept(meta, index)
         if kept is not None:
-            self._kept.move_to_end(chunk)
-            return kept.use()
+            return kept
+        chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
         try:
             found = await run_in_thread(self._fds.open, *chunk, on_orphan=_close_orphan)
         except OSError as exc:

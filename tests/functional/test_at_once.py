@@ -1,0 +1,266 @@
+"""Small hits answered as the connection parses them (lota.node.listener, Front.answer_now):
+the same responses :meth:`Front.handle` gives, in order on a connection whatever else it
+carries, refused when the signature is wrong, and counted as every other response is."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from aiohttp.http_parser import RawRequestMessage
+
+from lota.node.front import Front
+from lota.testing.node import InProcessNode, node_config, running_node
+from tests.conftest import client_for, presigned_get
+
+Reply = tuple[int, list[tuple[str, str]], bytes]
+
+
+@pytest.fixture
+def answered(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each request offered to Front.answer_now was answered there."""
+    seen: list[bool] = []
+    original = Front.answer_now
+
+    def spy(self: Front, message: RawRequestMessage, remote: str | None) -> Any:
+        reply = original(self, message, remote)
+        seen.append(reply is not None)
+        return reply
+
+    monkeypatch.setattr(Front, "answer_now", spy)
+    return seen
+
+
+@asynccontextmanager
+async def _node(origin: str, credentials: Path, cache: Path) -> AsyncIterator[InProcessNode]:
+    settings = {
+        "origin": origin,
+        "auth.mode": "sigv4",
+        "auth.credentials": str(credentials),
+        "cache.dirs": [str(cache)],
+        "cache.revalidate_after": "1h",
+    }
+    async with running_node(node_config(settings)) as node:
+        yield node
+
+
+class Connection:
+    """One keep-alive connection; requests may be written together (pipelined)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, url: str) -> Connection:
+        parts = urlsplit(url)
+        assert parts.hostname is not None
+        return cls(*await asyncio.open_connection(parts.hostname, parts.port))
+
+    def send(self, *requests: bytes) -> None:
+        self.writer.write(b"".join(requests))
+
+    async def reply(self, method: str = "GET") -> Reply:
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
+        lines = head.decode().split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = [tuple(line.split(": ", 1)) for line in lines[1:] if line]
+        length = next((int(v) for n, v in headers if n.lower() == "content-length"), 0)
+        no_body = method == "HEAD" or status == 304
+        body = b"" if no_body else await self.reader.readexactly(length)
+        return status, [(n, v) for n, v in headers], body
+
+    async def get(self, request: bytes, method: str = "GET") -> Reply:
+        self.send(request)
+        return await self.reply(method)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def request(url: str, method: str = "GET", **headers: str) -> bytes:
+    parts = urlsplit(url)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    fields = {"host": parts.netloc, **{k.replace("_", "-"): v for k, v in headers.items()}}
+    lines = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
+    return f"{method} {target} HTTP/1.1\r\n{lines}\r\n".encode()
+
+
+async def _until_hit(conn: Connection, url: str) -> Reply:
+    """Read `url` until the cache answers it (a fill commits after its reply)."""
+    for _ in range(100):
+        reply = await conn.get(request(url))
+        if dict(reply[1]).get("x-lota-cache") == "HIT":
+            return reply
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} never became a hit")
+
+
+def _without_date(reply: Reply) -> Reply:
+    status, headers, body = reply
+    body = re.sub(rb"<RequestId>\w+</RequestId>", b"", body)
+    return status, [(n, v) for n, v in headers if n not in ("Date", "x-amz-request-id")], body
+
+
+VARIANTS: list[tuple[str, dict[str, str]]] = [
+    ("whole object", {}),
+    ("a range", {"range": "bytes=100-4195"}),
+    ("a suffix range", {"range": "bytes=-500"}),
+    ("If-Match that holds", {"if-match": "*"}),
+    ("If-None-Match that fails: 304", {"if-none-match": "*"}),
+    ("If-Match that fails: 412", {"if-match": '"nope"'}),
+    ("a range past the end: 416", {"range": "bytes=90000-"}),
+    ("a response-content-type override", {}),
+]
+
+
+def _presigned(
+    endpoint: str, bucket: str, key: str, operation: str = "get_object", **params: str
+) -> str:
+    s3 = client_for(endpoint, signature_version="s3v4")
+    return str(s3.generate_presigned_url(operation, {"Bucket": bucket, "Key": key, **params}))
+
+
+async def test_hits_answered_at_once_are_the_responses_handle_gives(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    answered: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    body = bytes(range(256)) * 256
+    await asyncio.to_thread(
+        origin_s3.put_object,
+        Bucket=bucket,
+        Key="k",
+        Body=body,
+        ContentType="text/plain",
+        Metadata={"team": "vision"},
+    )
+    cache = tmp_path / "cache"
+
+    async def replies() -> list[Reply]:
+        async with _node(origin, credentials_file, cache) as node:
+            url = presigned_get(node.url, bucket, "k")
+            typed = _presigned(node.url, bucket, "k", ResponseContentType="image/png")
+            conn = await Connection.open(node.url)
+            try:
+                await _until_hit(conn, url)
+                out = [await conn.get(request(url, **headers)) for _, headers in VARIANTS[:-1]]
+                return [*out, await conn.get(request(typed))]
+            finally:
+                conn.close()
+
+    at_once = await replies()
+    assert answered.count(True) >= 4, answered  # the hits were answered at once
+    monkeypatch.setattr(Front, "answer_now", lambda self, message, remote: None)
+    handled = await replies()
+    for (name, _), fast, slow in zip(VARIANTS, at_once, handled, strict=True):
+        assert _without_date(fast) == _without_date(slow), name
+    statuses = [status for status, _, _ in at_once]
+    assert statuses == [200, 206, 206, 200, 304, 412, 416, 200]
+    assert at_once[0][2] == body and at_once[1][2] == body[100:4196]
+    assert at_once[2][2] == body[-500:]
+    assert ("Content-Type", "image/png") in at_once[-1][1]
+
+
+async def test_pipelined_requests_are_answered_in_order_whichever_way(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    answered: list[bool],
+) -> None:
+    objects = {f"k{i}": bytes([i]) * (1000 + i) for i in range(3)}
+    objects["k3"] = bytes(range(256)) * (64 * 1024 + 7)  # 16 MiB and more: a long miss
+    for key, data in objects.items():
+        await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key=key, Body=data)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        urls = {key: presigned_get(node.url, bucket, key) for key in objects}
+        conn = await Connection.open(node.url)
+        try:
+            for key in ("k0", "k1"):
+                await _until_hit(conn, urls[key])
+            answered.clear()
+            # Hits, a miss, a HEAD and a refused request, all in one write.
+            forged = re.sub(r"X-Amz-Signature=\w+", "X-Amz-Signature=" + "0" * 64, urls["k0"])
+            pipeline = [
+                ("GET", urls["k0"], "HIT", 200),
+                ("GET", urls["k2"], "MISS", 200),
+                ("GET", urls["k1"], "HIT", 200),
+                ("HEAD", _presigned(node.url, bucket, "k1", "head_object"), "HIT", 200),
+                ("GET", forged, None, 403),
+                ("GET", urls["k1"], "HIT", 200),
+                ("GET", urls["k0"], "HIT", 200),
+            ]
+            conn.send(*(request(url, method) for method, url, _, _ in pipeline))
+            for method, url, source, status in pipeline:
+                got_status, headers, got = await conn.reply(method)
+                key = urlsplit(url).path.rsplit("/", 1)[1]
+                assert (got_status, dict(headers).get("x-lota-cache")) == (status, source)
+                if status == 200 and method == "GET":
+                    assert got == objects[key]
+            # The first was answered at once; the miss and all behind it were not.
+            assert answered[0] is True
+            # A hit arriving while a miss is being answered waits for it.
+            conn.send(request(urls["k3"]))
+            await asyncio.sleep(0.02)
+            conn.send(request(urls["k0"]))
+            assert (await conn.reply())[2] == objects["k3"]
+            assert (await conn.reply())[2] == objects["k0"]
+            # Once the connection is quiet again, hits are answered at once again.
+            answered.clear()
+            await conn.get(request(urls["k1"]))
+            assert answered == [True]
+        finally:
+            conn.close()
+
+
+def _metric(text: str, pattern: str) -> float:
+    found = re.search(rf"^{pattern} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_hits_answered_at_once_are_counted_as_clients_saw_them(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    answered: list[bool],
+) -> None:
+    data = b"m" * 70_000
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=data)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        conn = await Connection.open(node.url)
+        try:
+            await _until_hit(conn, url)
+            counters: dict[str, Callable[[str], float]] = {
+                "requests": lambda t: _metric(
+                    t, r'lota_requests_total\{operation="GetObject",status="200"\}'
+                ),
+                "hits": lambda t: _metric(t, r'lota_cache_requests_total\{source="HIT"\}'),
+                "bytes": lambda t: _metric(t, "lota_bytes_out_total"),
+                "hit bytes": lambda t: _metric(t, r'lota_cache_bytes_total\{source="hit"\}'),
+            }
+            before = await node.metrics()
+            answered.clear()
+            for _ in range(25):
+                assert (await conn.get(request(url)))[2] == data
+            after = await node.metrics()
+        finally:
+            conn.close()
+    assert answered.count(True) == 25  # (the metrics calls are declined)
+    seen = {name: count(after) - count(before) for name, count in counters.items()}
+    # lota_bytes_out counts every response body: the first metrics call's too.
+    seen["bytes"] -= len(before.encode())
+    assert seen == {"requests": 25, "hits": 25, "bytes": 25 * 70_000, "hit bytes": 25 * 70_000}
