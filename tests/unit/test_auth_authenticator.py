@@ -16,7 +16,7 @@ from botocore.awsrequest import AWSPreparedRequest
 from botocore.config import Config
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from lota.auth import Authenticator, Authorized, Refused
+from lota.auth import Authenticator, Authorized, RecentlyVerified, Refused
 from lota.auth.sigv4 import RequestView
 from lota.clock import FakeClock
 from lota.config import AuthConfig
@@ -335,6 +335,49 @@ def test_a_repeated_presigned_get_is_verified_once_and_only_while_valid(
         auth.authenticate(view, bucket, key)
     assert info.value.code == "AccessDenied" and "expired" in info.value.message
     assert checks == ["verify", "verify"]
+
+
+def test_verdicts_are_remembered_for_a_working_set_of_urls_bounded_by_their_size(
+    credentials: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of presigned URLs read round after round are verified once each (the
+    cache is not sized to a handful of them); a cache bounded to fewer characters forgets
+    the least recently used first and keeps within its bound."""
+    client = boto3.client(
+        "s3",
+        endpoint_url="http://lota.test:9000",
+        aws_access_key_id="AKREADER",
+        aws_secret_access_key="reader-secret",
+        region_name="us-east-1",
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+    urls = [
+        client.generate_presigned_url("get_object", {"Bucket": "bkt", "Key": f"data/{i}"}, 600)
+        for i in range(3000)
+    ]
+    views = [presigned_view(url) for url in urls]
+    for bound, remembered in ((RecentlyVerified.MAX_CHARS, 3000), (300_000, None)):
+        clock = FakeClock(datetime.now(UTC).timestamp())
+        auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), clock)
+        auth._recent = RecentlyVerified(max_chars=bound)
+        checks: list[str] = []
+
+        def counted(*args: Any, real: Any = auth._verify, checks: list[str] = checks) -> Any:
+            checks.append("verify")
+            return real(*args)
+
+        monkeypatch.setattr(auth, "_verify", counted)
+        for _ in range(2):
+            for view, bucket, key in views:
+                auth.authenticate(view, bucket, key)
+        if remembered is not None:
+            assert (len(auth._recent), len(checks)) == (remembered, 3000)
+        else:  # each round pushes out the URLs it will ask for next: verified every time
+            size = len(views[0][0].raw_path) + sum(
+                map(len, (*sum(views[0][0].query, ()), *sum(views[0][0].headers.items(), ())))
+            )
+            assert bound // (size + 10) <= len(auth._recent) <= bound // (size - 10)
+            assert len(checks) == 6000
 
 
 def test_a_remembered_verdict_never_covers_a_different_request(credentials: Path) -> None:
