@@ -68,7 +68,9 @@ def connection_limits(config: Config) -> ConnectionLimits:
     """Raise the descriptor limit, then settle the cap (logged, with a warning when the
     limit leaves too little for LOTA's own descriptors)."""
     soft, hard = raise_descriptor_limit()
-    reserve = BASE_RESERVE + POOL_SIZE + (open_chunk_limit() if config.cache.dirs else 0)
+    # Chunk descriptors: the worker's own, and as many again of its siblings'.
+    chunk_files = open_chunk_limit() * (2 if config.worker_count > 1 else 1)
+    reserve = BASE_RESERVE + POOL_SIZE + (chunk_files if config.cache.dirs else 0)
     cap = config.max_connections or connection_cap(soft, reserve)
     log.info("descriptor limit %d (hard %d): at most %d client connections", soft, hard, cap)
     if soft != resource.RLIM_INFINITY and soft < cap + reserve:

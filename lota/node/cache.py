@@ -29,7 +29,7 @@ from lota.cache.plan import cacheable
 from lota.cache.reads import ReadPath
 from lota.cache.route import Alone, NodePlacement, Placement
 from lota.cache.service import ChunkService
-from lota.cache.store import CacheError, CacheStore
+from lota.cache.store import CacheError, CacheStore, open_chunk_limit
 from lota.cache.warm import Warm
 from lota.clock import Clock
 from lota.cluster.cluster import Cluster
@@ -88,9 +88,10 @@ async def build_cache(
         if siblings is not None:
             await stack.enter_async_context(descriptor_server(siblings.spec, service))
             peers = _sibling_peers(siblings, config, metrics)
+            kept = open_chunk_limit() // len(siblings.indexes)
             sibling_sources = {
                 k: SiblingSource(
-                    k, peers.source(worker_name(k)), FdClient(siblings.spec.fd_socket(k))
+                    k, peers.source(worker_name(k)), FdClient(siblings.spec.fd_socket(k)), kept
                 )
                 for k in siblings.indexes
             }

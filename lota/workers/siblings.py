@@ -4,9 +4,11 @@ A :class:`SiblingSource` is one sibling worker: chunks it holds are opened throu
 descriptor socket (:mod:`lota.workers.fds`) and sent from here zero-copy; chunks it does
 not hold are read from its peer endpoint over its HTTP Unix socket, where it fills them
 once for everyone (:class:`lota.cluster.peers.PeerSource`). Descriptors are kept, the most
-recently used ones, so a hot chunk is asked for once per worker; each kept descriptor
-pins its file's blocks (an evicted chunk's space returns once the descriptor is closed),
-so they are bounded in number and bytes.
+recently used ones, so a hot chunk is asked for once per worker: as many as the store keeps
+of its own (:func:`lota.cache.store.open_chunk_limit`, shared by the siblings), so that a
+hot set a worker reads from its own descriptors is read from its siblings' alike. Each
+kept descriptor pins its file's blocks (an evicted chunk's space returns once it is
+closed), so they are bounded in bytes too.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ from lota.workers.fds import FdClient
 
 log = logging.getLogger("lota.workers")
 
-# Descriptors kept per sibling, and the bytes of the chunks they pin.
-KEPT_DESCRIPTORS = 512
+# The bytes of the chunks the descriptors kept of one sibling pin, at most.
 KEPT_BYTES = 512 * 1024 * 1024
 
 ChunkId = tuple[str, str, str, int]
@@ -68,8 +69,10 @@ class SiblingSource:
 
     kind: SourceKind = "sibling"
 
-    def __init__(self, index: int, peer: PeerSource, fds: FdClient) -> None:
+    def __init__(self, index: int, peer: PeerSource, fds: FdClient, kept: int = 512) -> None:
+        """`kept`: how many of its descriptors are kept here, at most."""
         self.index = index
+        self._max_kept = kept
         self.name = peer.name
         self._peer = peer
         self._fds = fds
@@ -118,7 +121,7 @@ class SiblingSource:
     def _keep(self, chunk: ChunkId, opened: OpenChunk) -> None:
         self._kept[chunk] = opened
         self._kept_bytes += opened.length
-        while self._kept and (len(self._kept) > KEPT_DESCRIPTORS or self._kept_bytes > KEPT_BYTES):
+        while self._kept and (len(self._kept) > self._max_kept or self._kept_bytes > KEPT_BYTES):
             _, old = self._kept.popitem(last=False)
             self._kept_bytes -= old.length
             old.drop()

@@ -129,6 +129,28 @@ async def test_readers_racing_for_one_sibling_chunk_all_get_an_open_descriptor(
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+async def test_a_sibling_s_descriptors_are_kept_up_to_the_number_given(tmp_path: Path) -> None:
+    """The node keeps as many of its siblings' descriptors as the store keeps of its own
+    (lota.node.cache); the least recently used beyond that are closed."""
+    chunk = tmp_path / "chunk"
+    chunk.write_bytes(b"x" * 100)
+    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _SlowFds(chunk), 3)  # type: ignore[arg-type]
+    before = len(os.listdir("/proc/self/fd"))
+    metas = [SimpleNamespace(bucket="b", key=f"k{i}", etag='"e"') for i in range(5)]
+    for meta in metas:
+        opened = await source.open(meta, 0)  # type: ignore[arg-type]
+        assert opened is not None
+        opened.close()
+    assert len(os.listdir("/proc/self/fd")) - before == 3
+    kept = [source.kept(m, 0) for m in metas]  # type: ignore[arg-type]
+    assert [k is not None for k in kept] == [False, False, True, True, True]
+    for k in kept:
+        if k is not None:
+            k.close()
+    source.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_sibling_is_a_worker_of_this_node_never_a_host_named_like_one() -> None:
     assert is_sibling(worker_name(0)) and is_sibling(worker_name(12))
     for member in ("worker-12.gpu.internal:7070", "worker-3:9000", "10.0.0.5:9000", "worker-"):
