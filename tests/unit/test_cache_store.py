@@ -468,7 +468,6 @@ async def test_hot_chunks_are_read_inline_and_short_ones_dropped(make_store: Mak
     obj = await store.admit(meta())
     await fill_all(store, obj)
     data = content(obj.meta, 1)
-    assert store.read_hot(obj, 1, 10, 100) is None  # not read since start-up: not checked
     assert await read(store, obj, 1) == data
     hits = store.stats()["hits"]
     assert store.read_hot(obj, 1, 10, 100) == data[10:110]
@@ -479,6 +478,35 @@ async def test_hot_chunks_are_read_inline_and_short_ones_dropped(make_store: Mak
     assert await read(store, obj, 0) == content(obj.meta, 0)
     await store.invalidate("b", "k")
     assert store.read_hot(obj, 0, 0, 10) is None
+
+
+async def test_checked_chunks_beyond_the_kept_descriptors_are_reopened_inline(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hot set larger than the descriptors kept open is still read inline: a chunk
+    written or opened and checked since start-up is opened again on the loop; one not
+    opened since start-up is left to a thread, and so is one whose file went missing."""
+    monkeypatch.setattr(fdcache, "open_chunk_limit", lambda: 1)
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    for index in range(3):
+        assert await read(store, obj, index) == content(obj.meta, index)
+    for _ in range(2):
+        for index in range(3):
+            assert store.read_hot(obj, index, 5, 50) == content(obj.meta, index)[5:55]
+    os.unlink(chunk_path(store.dirs[obj.chunks[0].dir], obj.stem, 0))
+    assert store.read_hot(obj, 1, 0, 10) is not None  # chunk 0's descriptor closed
+    assert store.read_hot(obj, 0, 0, 10) is None
+    assert await read(store, obj, 0) is None
+    assert not store.has_chunk(obj, 0)
+    await store.close()
+    again = await make_store()
+    restarted = again.lookup("b", "k")
+    assert restarted is not None
+    assert again.read_hot(restarted, 1, 0, 10) is None  # not opened since start-up
+    assert await read(again, restarted, 1) == content(obj.meta, 1)
+    assert again.read_hot(restarted, 1, 0, 10) == content(obj.meta, 1)[:10]
 
 
 async def test_bytes_not_in_the_page_cache_are_not_read_inline(make_store: MakeStore) -> None:

@@ -98,7 +98,9 @@ class Readers:
 
     def read_hot(self, chunk: Chunk, offset: int, count: int) -> bytes | bytearray | None:
         """See :meth:`lota.cache.store.CacheStore.read_hot`."""
-        if chunk.fd < 0 or self._digest_to_check(chunk) is not None:
+        if self._digest_to_check(chunk) is not None:
+            return None
+        if chunk.fd < 0 and not self._reopen(chunk):
             return None
         data = read_resident(chunk.fd, count, offset)
         if data is None:
@@ -108,6 +110,21 @@ class Readers:
         self._fds.used(chunk)
         self._touch(chunk)
         return data
+
+    def _reopen(self, chunk: Chunk) -> bool:
+        """Open again, here on the loop, a chunk opened and checked since start-up whose
+        descriptor was closed since (a hot set larger than the descriptors kept): as nginx
+        opens its files, on its event loop. Its inode and directory entries were read
+        lately, so this costs microseconds; a chunk never opened yet is opened on a thread
+        (:meth:`open`), and so is this one if it fails (the error is handled there)."""
+        if not chunk.checked:
+            return False
+        try:
+            fd = os.open(self._table.path(chunk), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        self._fds.keep(chunk, fd)
+        return True
 
     def drop_unreadable(self, obj: CachedObject, index: int) -> None:
         chunk = obj.chunks.get(index)
