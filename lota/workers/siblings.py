@@ -8,7 +8,11 @@ recently used ones, so a hot chunk is asked for once per worker: as many as the 
 of its own (:func:`lota.cache.store.open_chunk_limit`, shared by the siblings), so that a
 hot set a worker reads from its own descriptors is read from its siblings' alike. Each
 kept descriptor pins its file's blocks (an evicted chunk's space returns once it is
-closed), so they are bounded in bytes too.
+closed), so they are bounded in bytes too. Beyond them, the paths of chunks handed over
+before are remembered (:data:`PATHS_PER_DESCRIPTOR` times as many): such a chunk is opened
+again here, on the loop, as the store reopens its own (a file that is gone, or of another
+length, is asked for again). The files of a node's workers are on the same drives, a
+chunk's path names its version, and chunks are published whole under it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ log = logging.getLogger("lota.workers")
 
 # The bytes of the chunks the descriptors kept of one sibling pin, at most.
 KEPT_BYTES = 512 * 1024 * 1024
+# Paths of a sibling's chunks remembered, per descriptor kept.
+PATHS_PER_DESCRIPTOR = 4
 
 ChunkId = tuple[str, str, str, int]
 
@@ -78,6 +84,7 @@ class SiblingSource:
         self._fds = fds
         self._kept: OrderedDict[ChunkId, OpenChunk] = OrderedDict()
         self._kept_bytes = 0
+        self._paths: OrderedDict[ChunkId, tuple[str, int]] = OrderedDict()
 
     @asynccontextmanager
     async def get(
@@ -90,10 +97,25 @@ class SiblingSource:
         """The chunk if its descriptor is kept here (the sibling handed it over before)."""
         chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
         kept = self._kept.get(chunk)
-        if kept is None:
+        if kept is not None:
+            self._kept.move_to_end(chunk)
+            return kept.use()
+        known = self._paths.get(chunk)
+        if known is None:
             return None
-        self._kept.move_to_end(chunk)
-        return kept.use()
+        path, length = known
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            del self._paths[chunk]
+            return None
+        if os.fstat(fd).st_size != length:
+            os.close(fd)
+            del self._paths[chunk]
+            return None
+        opened = OpenChunk(fd, length).use()
+        self._keep(chunk, opened)
+        return opened
 
     async def open(self, meta: ObjectMeta, index: int) -> OpenChunk | None:
         """The chunk, if the sibling holds it (a kept descriptor, or a new one); None if not,
@@ -116,7 +138,20 @@ class SiblingSource:
             return kept.use()
         opened = OpenChunk(*found).use()  # in use before it is kept: never closed under us
         self._keep(chunk, opened)
+        self._remember(chunk, opened)
         return opened
+
+    def _remember(self, chunk: ChunkId, opened: OpenChunk) -> None:
+        try:
+            path = os.readlink(f"/proc/self/fd/{opened.fd}")
+        except OSError:
+            return
+        if not path.startswith("/") or path.endswith(" (deleted)"):
+            return
+        self._paths[chunk] = (path, opened.length)
+        self._paths.move_to_end(chunk)
+        while len(self._paths) > self._max_kept * PATHS_PER_DESCRIPTOR:
+            self._paths.popitem(last=False)
 
     def _keep(self, chunk: ChunkId, opened: OpenChunk) -> None:
         self._kept[chunk] = opened
@@ -131,6 +166,7 @@ class SiblingSource:
             opened.drop()
         self._kept.clear()
         self._kept_bytes = 0
+        self._paths.clear()
         self._fds.close()
 
 

@@ -129,12 +129,33 @@ async def test_readers_racing_for_one_sibling_chunk_all_get_an_open_descriptor(
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-async def test_a_sibling_s_descriptors_are_kept_up_to_the_number_given(tmp_path: Path) -> None:
+class _Handing:
+    """A sibling's descriptor socket handing over one file per key, counting hand-overs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.asked: list[str] = []
+
+    def open(self, bucket: str, key: str, etag: str, index: int) -> tuple[int, int]:
+        self.asked.append(key)
+        path = self.root / key
+        return os.open(path, os.O_RDONLY), path.stat().st_size
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_sibling_s_chunks_are_kept_open_or_reopened_from_their_path(
+    tmp_path: Path,
+) -> None:
     """The node keeps as many of its siblings' descriptors as the store keeps of its own
-    (lota.node.cache); the least recently used beyond that are closed."""
-    chunk = tmp_path / "chunk"
-    chunk.write_bytes(b"x" * 100)
-    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _SlowFds(chunk), 3)  # type: ignore[arg-type]
+    (lota.node.cache), the least recently used beyond that closed; a chunk handed over
+    before is opened again from its path without asking the sibling, unless its file is
+    gone or changed length (then the sibling is asked)."""
+    fds = _Handing(tmp_path)
+    for i in range(5):
+        (tmp_path / f"k{i}").write_bytes(bytes([i]) * (100 + i))
+    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), fds, 3)  # type: ignore[arg-type]
     before = len(os.listdir("/proc/self/fd"))
     metas = [SimpleNamespace(bucket="b", key=f"k{i}", etag='"e"') for i in range(5)]
     for meta in metas:
@@ -142,11 +163,16 @@ async def test_a_sibling_s_descriptors_are_kept_up_to_the_number_given(tmp_path:
         assert opened is not None
         opened.close()
     assert len(os.listdir("/proc/self/fd")) - before == 3
+    (tmp_path / "k1").unlink()
+    (tmp_path / "k2").write_bytes(b"longer than it was")
     kept = [source.kept(m, 0) for m in metas]  # type: ignore[arg-type]
-    assert [k is not None for k in kept] == [False, False, True, True, True]
+    assert [k is not None for k in kept] == [True, False, False, True, True]
+    assert kept[0] is not None and os.pread(kept[0].fd, 200, 0) == bytes([0]) * 100
+    assert fds.asked == ["k0", "k1", "k2", "k3", "k4"]  # k0 was reopened, not asked for
     for k in kept:
         if k is not None:
             k.close()
+    assert len(os.listdir("/proc/self/fd")) - before == 3
     source.close()
     assert len(os.listdir("/proc/self/fd")) == before
 
