@@ -16,7 +16,6 @@ Nothing here does I/O except loading the credentials file once.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain
@@ -28,6 +27,7 @@ from lota.auth.policy import Policy
 from lota.auth.sigv4 import RequestView, Verified, sign_headers, verify
 from lota.clock import Clock
 from lota.config import AuthConfig
+from lota.lru import SizedLru
 from lota.s3.errors import S3Error
 from lota.s3.operations import KNOWN, Op, Operation, classify, object_arn
 
@@ -123,6 +123,10 @@ class Authenticator:
             self._recent.put(repeat, authorized)
         return authorized
 
+    def holds(self, authorized: Authorized) -> bool:
+        """Whether a verdict this authenticator gave holds now (see :func:`holds`)."""
+        return holds(authorized, self._clock.time())
+
     def authorize(self, view: RequestView, action: str, resource: str) -> Principal | None:
         """Verify a request that is not an S3 operation (LOTA's admin calls) and require
         `action` on `resource`; returns the principal (None when auth is off)."""
@@ -203,10 +207,7 @@ class RecentlyVerified:
     MAX_KEY_CHARS = 4096  # larger requests are verified every time
 
     def __init__(self, max_chars: int = MAX_CHARS) -> None:
-        self._entries: OrderedDict[RequestKey, Authorized] = OrderedDict()
-        self._sizes: dict[RequestKey, int] = {}
-        self._chars = 0
-        self._max_chars = max_chars
+        self._entries: SizedLru[RequestKey, Authorized] = SizedLru(max_chars)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -221,21 +222,20 @@ class RecentlyVerified:
         authorized = self._entries.get(request)
         if authorized is None or authorized.verified is None:
             return None
-        if not authorized.verified.valid_from <= now <= authorized.verified.valid_until:
-            del self._entries[request]
-            self._chars -= self._sizes.pop(request)
+        if not holds(authorized, now):
+            self._entries.pop(request)
             return None
-        self._entries.move_to_end(request)
         return authorized
 
     def put(self, request: RequestKey, authorized: Authorized) -> None:
         _, raw_path, query, _, _, headers = request
         size = len(raw_path) + sum(map(len, chain.from_iterable((*query, *headers))))
-        if size > self.MAX_KEY_CHARS or request in self._entries:
-            return
-        self._entries[request] = authorized
-        self._sizes[request] = size
-        self._chars += size
-        while self._chars > self._max_chars:
-            old, _ = self._entries.popitem(last=False)
-            self._chars -= self._sizes.pop(old)
+        if size <= self.MAX_KEY_CHARS:
+            self._entries.put(request, authorized, size)
+
+
+def holds(authorized: Authorized, now: float) -> bool:
+    """Whether a verdict given earlier holds at `now` (Unix time): while the same request
+    would verify again (always, when auth is off)."""
+    verified = authorized.verified
+    return verified is None or verified.valid_from <= now <= verified.valid_until

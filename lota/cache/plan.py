@@ -16,6 +16,7 @@ its own (``tests/unit/test_cache_plan.py``):
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,12 +76,18 @@ def revalidation_due(path: str, validated_at: float, config: CacheConfig, now: f
     """Whether the copy of `path` (``bucket/key``) last validated at `validated_at` must be
     checked with the origin before it is served: never under an ``immutable`` prefix, else
     after the first matching ``revalidate`` prefix's time, or ``revalidate_after``."""
+    return now - validated_at > fresh_for(path, config)
+
+
+def fresh_for(path: str, config: CacheConfig) -> float:
+    """Seconds a copy of `path` is served after its last validation (see
+    :func:`revalidation_due`); infinite under an ``immutable`` prefix."""
     limit = config.revalidate_after
     if config.immutable or config.revalidate:
         if path.startswith(config.immutable):
-            return False
+            return math.inf
         limit = next((s for prefix, s in config.revalidate if path.startswith(prefix)), limit)
-    return now - validated_at > limit
+    return limit
 
 
 def may_serve_stale(validated_at: float, config: CacheConfig, now: float) -> bool:

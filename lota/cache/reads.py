@@ -56,12 +56,33 @@ class ObjectChanged(LotaError):
 
 
 @dataclass(frozen=True, slots=True)
-class SmallHit:
-    """A GET answered at once (:meth:`ReadPath.hit_now`): status, headers and body."""
+class HitPlan:
+    """How :meth:`ReadPath.hit_now` answers one GET: it holds while its entry is alive and
+    fresh (:meth:`ReadPath.hit_again` answers the same GET again from it)."""
 
+    obj: CachedObject
+    placement: Placement
+    first: int
+    last: int
     status: int
     headers: list[tuple[str, str]]
+    fresh_until: float
+
+
+@dataclass(frozen=True, slots=True)
+class SmallHit:
+    """A GET answered at once (:meth:`ReadPath.hit_now`): how, and the body."""
+
+    plan: HitPlan
     body: bytes | bytearray
+
+    @property
+    def status(self) -> int:
+        return self.plan.status
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        return self.plan.headers
 
 
 class ReadPath:
@@ -125,13 +146,22 @@ class ReadPath:
             return None
         if last < first or last - first >= SMALL_BODY:
             return None
+        answer = self._response_headers(headers, target, obj, first, last, status, None, "HIT")
+        fresh = m.validated_at + plan.fresh_for(f"{m.bucket}/{m.key}", self._config)
         placement = self._placement_for(target.bucket)
-        body = self.deliverer.read_now(placement, obj, first, last)
+        return self.hit_again(HitPlan(obj, placement, first, last, status, answer, fresh))
+
+    def hit_again(self, planned: HitPlan) -> SmallHit | None:
+        """`planned` answered again (the same GET, from the same client or another): None
+        once its entry is gone or due for revalidation, or its bytes are not at hand."""
+        obj = planned.obj
+        if not obj.alive or self._clock.time() - planned.fresh_until > 0:
+            return None
+        body = self.deliverer.read_now(planned.placement, obj, planned.first, planned.last)
         if body is None:
             return None
-        answer = self._response_headers(headers, target, obj, first, last, status, None, "HIT")
-        self._read_ahead(placement, obj, first, last)
-        return SmallHit(status, answer, body)
+        self._read_ahead(planned.placement, obj, planned.first, planned.last)
+        return SmallHit(planned, body)
 
     async def serve_version(
         self, request: web.BaseRequest, target: Target, source: ChunkSource, etag: str

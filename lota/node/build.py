@@ -35,6 +35,7 @@ from lota.lifecycle.state import RULES_DOCUMENT, LifecycleState
 from lota.logs import AccessLog
 from lota.metrics import LifecycleObserver, Metrics
 from lota.node.admin import Admin
+from lota.node.at_once import AtOnce
 from lota.node.cache import build_cache
 from lota.node.features import CacheFeature, CatalogFeature
 from lota.node.front import Front
@@ -117,7 +118,16 @@ async def build_node(
             catalog=catalog,
             invalidation=Invalidation(cache, catalog),
         )
-        node = Node(config, front.handle, drain, limits, metrics, worker, at_once=front.answer_now)
+        at_once = AtOnce(
+            domain=config.domain,
+            auth=auth,
+            metrics=metrics,
+            access_log=access_log,
+            drain=drain,
+            cache=cache,
+            catalog_on=catalog.on,
+        )
+        node = Node(config, front.handle, drain, limits, metrics, worker, at_once=at_once.answer)
         drain.ready = True
         yield node
 

@@ -154,6 +154,7 @@ async def build_cache(
             cacheable=cacheable,
             serve=reads.serve,
             hit=reads.hit_now,
+            hit_again=reads.hit_again,
             invalidate=service.invalidate,
             warm=warm,
             cached_etag=cached_etag,

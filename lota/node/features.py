@@ -20,7 +20,7 @@ from aiohttp import web
 
 from lota.auth.body import BodyDecoder
 from lota.cache.intake import WriteCache
-from lota.cache.reads import SmallHit
+from lota.cache.reads import HitPlan, SmallHit
 from lota.cache.warm import Warm
 from lota.catalog import PendingSummary
 from lota.s3.addressing import Target
@@ -60,6 +60,10 @@ def _no_hit(headers: Mapping[str, str], target: Target) -> SmallHit | None:
     return None
 
 
+def _no_hit_again(plan: HitPlan) -> SmallHit | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheFeature:
     """What the front end asks of the node's read cache (built by
@@ -90,6 +94,8 @@ class CacheFeature:
     hit: Callable[[Mapping[str, str], Target], SmallHit | None] = _no_hit
     """A cacheable GET answered at once, as :attr:`serve` would answer it, when that needs
     no waiting (a small hit in the page cache); None otherwise."""
+    hit_again: Callable[[HitPlan], SmallHit | None] = _no_hit_again
+    """The GET a hit's plan was made for, answered again (None: no longer so)."""
 
     @classmethod
     def off(cls) -> CacheFeature:

@@ -11,31 +11,23 @@
 Then accounting: metrics and one access-log line per request, from what its writer saw.
 Errors become S3 XML wherever they happen; a response that already started is aborted.
 
-:meth:`Front.answer_now` takes the same steps for a GET the cache can answer without
-waiting (a small hit: see :meth:`lota.cache.reads.ReadPath.hit_now`), as the connection
-parses it, and writes the response in one go (lota.node.listener); it declines, with
-nothing counted, whatever needs more, and :meth:`Front.handle` answers that.
+A small hit may be answered before it reaches here, as its connection parses it
+(:mod:`lota.node.at_once`), with the same steps and the same accounting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from collections.abc import Callable, Sequence
-from http import HTTPStatus
+from collections.abc import Callable
 
 from aiohttp import web
-from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
-from aiohttp.http_parser import RawRequestMessage
 from prometheus_client import Counter
 
-from lota.aiohttp_internals import http_date
 from lota.auth import Authenticator, Authorized, Refused
 from lota.auth.body import BodyDecoder
 from lota.auth.sigv4 import RequestView
-from lota.cache.reads import SmallHit
 from lota.cluster.signing import FROM
 from lota.http import BodyWriter
 from lota.logs import AccessLog
@@ -45,7 +37,7 @@ from lota.node.errors import as_s3_error, error_response, response_started
 from lota.node.features import CacheFeature, CatalogFeature
 from lota.node.invalidation import INVALIDATING, Invalidation
 from lota.node.node import Drain
-from lota.node.requests import RequestContext, next_request_id
+from lota.node.requests import RequestContext
 from lota.passthrough import PassThrough
 from lota.relay import abort, read_small_body
 from lota.s3.addressing import Target, is_admin, parse_target
@@ -59,27 +51,8 @@ log = logging.getLogger("lota.node")
 _READS = frozenset({Op.GET_OBJECT, Op.HEAD_OBJECT})
 # Operations that count as an access to their object (lifecycle tiering).
 ACCESSES = frozenset({Op.GET_OBJECT, Op.PUT_OBJECT, Op.COPY_OBJECT, Op.COMPLETE_MULTIPART_UPLOAD})
-# What aiohttp refuses in a header (it could split the head): control characters but tab.
-_FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # S3 allows 1,000 keys per DeleteObjects; their XML stays well under this.
 DELETE_BODY_LIMIT = 2 * 1024 * 1024
-
-
-def _response_head(hit: SmallHit) -> bytes | None:
-    """The status line and headers of `hit`, as aiohttp writes them for the same response
-    (Content-Length, a default Content-Type, Date and Server added); None if a header holds
-    a control character aiohttp refuses (a ``response-*`` override could: then
-    :meth:`Front.handle` answers)."""
-    fields = [f"{name}: {value}" for name, value in hit.headers]
-    if _FORBIDDEN_IN_HEADERS.search("".join(fields)):
-        return None
-    lines = [f"HTTP/1.1 {hit.status} {HTTPStatus(hit.status).phrase}", *fields]
-    lines.append(f"Content-Length: {len(hit.body)}")
-    if not any(name.lower() == "content-type" for name, _ in hit.headers):
-        lines.append("Content-Type: application/octet-stream")
-    lines.append(f"Date: {http_date()}")
-    lines.append(f"Server: {SERVER_SOFTWARE}\r\n\r\n")
-    return "\r\n".join(lines).encode()
 
 
 def _admin_operation(request: web.BaseRequest) -> Op:
@@ -136,71 +109,6 @@ class Front:
         self._catalog_on = catalog.on
         self._cacheable = cache.cacheable
         self._serve_cached = cache.serve
-        self._hit = cache.hit
-        # The metrics every hit answered at once counts, labelled once.
-        get = Op.GET_OBJECT
-        self._hit_counts = {
-            status: (metrics.requests.labels(get, str(status)), metrics.request_seconds.labels(get))
-            for status in (200, 206)
-        }
-        self._hit_cached = (
-            metrics.cache_requests.labels("HIT"),
-            metrics.cache_request_seconds.labels("HIT"),
-        )
-
-    def answer_now(
-        self, message: RawRequestMessage, remote: str | None
-    ) -> Sequence[bytes | bytearray] | None:
-        """The response to a GET the cache answers at once (:meth:`ReadPath.hit_now`), as
-        the buffers to write, counted and logged as :meth:`handle` would; None for every
-        other request, with nothing counted (then :meth:`handle` answers it). Never raises."""
-        if message.method != "GET" or message.version != HttpVersion11:
-            return None
-        headers = message.headers
-        host = headers.get("host")
-        if host is None or self._catalog_on or self._drain.draining:
-            return None
-        started = time.perf_counter()
-        raw_path = message.path
-        try:
-            if is_admin(host, raw_path, self._domain):
-                return None
-            target = parse_target(host, raw_path, self._domain)
-            view = RequestView("GET", target.raw_path, target.query, headers)
-            authorized = self._auth.authenticate(view, target.bucket, target.key)
-            if authorized.operation.name != Op.GET_OBJECT or not self._cacheable(target, headers):
-                return None
-            hit = self._hit(headers, target)
-        except Exception:  # whatever it is, handle() meets it again and answers it
-            return None
-        if hit is None:
-            return None
-        head = _response_head(hit)
-        if head is None:
-            return None
-        size = len(hit.body)
-        elapsed = time.perf_counter() - started
-        self._metrics.bytes_out.inc(size)
-        requests, seconds = self._hit_counts[hit.status]
-        requests.inc()
-        seconds.observe(elapsed)
-        cached, cached_seconds = self._hit_cached
-        cached.inc()
-        cached_seconds.observe(elapsed)
-        principal = authorized.principal
-        self._access_log.write(
-            remote,
-            "GET",
-            raw_path,
-            hit.status,
-            Op.GET_OBJECT,
-            elapsed,
-            next_request_id(),
-            cache="HIT",
-            sent=size,
-            principal=principal.name if principal is not None else "-",
-        )
-        return head, hit.body
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request; never raises except to abort a response already started."""

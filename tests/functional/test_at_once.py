@@ -1,6 +1,7 @@
-"""Small hits answered as the connection parses them (lota.node.listener, Front.answer_now):
+"""Small hits answered as the connection parses them (lota.node.listener, lota.node.at_once):
 the same responses :meth:`Front.handle` gives, in order on a connection whatever else it
-carries, refused when the signature is wrong, and counted as every other response is."""
+carries, refused when the signature is wrong or has expired, never from a cache entry
+that changed, and counted as every other response is."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp.http_parser import RawRequestMessage
 
-from lota.node.front import Front
+from lota.node.at_once import AtOnce
 from lota.testing.node import InProcessNode, node_config, running_node
 from tests.conftest import client_for, presigned_get
 
@@ -24,16 +25,16 @@ Reply = tuple[int, list[tuple[str, str]], bytes]
 
 @pytest.fixture
 def answered(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each request offered to Front.answer_now was answered there."""
+    """Whether each request offered to AtOnce.answer was answered there."""
     seen: list[bool] = []
-    original = Front.answer_now
+    original = AtOnce.answer
 
-    def spy(self: Front, message: RawRequestMessage, remote: str | None) -> Any:
+    def spy(self: AtOnce, message: RawRequestMessage, remote: str | None) -> Any:
         reply = original(self, message, remote)
         seen.append(reply is not None)
         return reply
 
-    monkeypatch.setattr(Front, "answer_now", spy)
+    monkeypatch.setattr(AtOnce, "answer", spy)
     return seen
 
 
@@ -120,10 +121,16 @@ VARIANTS: list[tuple[str, dict[str, str]]] = [
 
 
 def _presigned(
-    endpoint: str, bucket: str, key: str, operation: str = "get_object", **params: str
+    endpoint: str,
+    bucket: str,
+    key: str,
+    operation: str = "get_object",
+    expires: int = 600,
+    **params: str,
 ) -> str:
     s3 = client_for(endpoint, signature_version="s3v4")
-    return str(s3.generate_presigned_url(operation, {"Bucket": bucket, "Key": key, **params}))
+    wanted = {"Bucket": bucket, "Key": key, **params}
+    return str(s3.generate_presigned_url(operation, wanted, ExpiresIn=expires))
 
 
 async def test_hits_answered_at_once_are_the_responses_handle_gives(
@@ -160,7 +167,7 @@ async def test_hits_answered_at_once_are_the_responses_handle_gives(
 
     at_once = await replies()
     assert answered.count(True) >= 4, answered  # the hits were answered at once
-    monkeypatch.setattr(Front, "answer_now", lambda self, message, remote: None)
+    monkeypatch.setattr(AtOnce, "answer", lambda self, message, remote: None)
     handled = await replies()
     for (name, _), fast, slow in zip(VARIANTS, at_once, handled, strict=True):
         assert _without_date(fast) == _without_date(slow), name
@@ -264,3 +271,36 @@ async def test_hits_answered_at_once_are_counted_as_clients_saw_them(
     # lota_bytes_out counts every response body: the first metrics call's too.
     seen["bytes"] -= len(before.encode())
     assert seen == {"requests": 25, "hits": 25, "bytes": 25 * 70_000, "hit bytes": 25 * 70_000}
+
+
+async def test_a_request_answered_again_is_refused_once_expired_and_never_stale(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    answered: list[bool],
+) -> None:
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=b"one" * 100)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        short = _presigned(node.url, bucket, "k", expires=2)
+        conn = await Connection.open(node.url)
+        try:
+            await _until_hit(conn, url)
+            assert (await conn.get(request(short)))[0] == 200
+            answered.clear()
+            for _ in range(3):
+                assert (await conn.get(request(url)))[2] == b"one" * 100
+            assert answered == [True] * 3
+            # Past its expiry, the short URL is refused as S3 refuses it.
+            await asyncio.sleep(2.5)
+            status, _, body = await conn.get(request(short))
+            assert status == 403 and b"expired" in body
+            # Replaced through LOTA: the remembered answer is not given again.
+            s3 = client_for(node.url)
+            await asyncio.to_thread(s3.put_object, Bucket=bucket, Key="k", Body=b"two" * 50)
+            status, _, body = await conn.get(request(url))
+            assert (status, body) == (200, b"two" * 50)
+        finally:
+            conn.close()

@@ -1,0 +1,197 @@
+"""Small hits answered as their connection parses them: :class:`AtOnce`.
+
+A 64 KiB hit handled the usual way (:meth:`lota.node.front.Front.handle`) costs more in
+aiohttp's task, request and response objects than in the hit itself. The connection
+(:mod:`lota.node.listener`) offers each GET without a body that arrives while it has nothing
+else in hand to :meth:`AtOnce.answer`, which takes the front end's steps (target, SigV4
+verdict, cacheable, :meth:`lota.cache.reads.ReadPath.hit_now`) and returns the response's
+buffers, counted and logged as the front end counts and logs; or declines, with nothing
+counted, and the front end answers the request as if it had never been offered.
+
+A request answered once is remembered, by its exact request line and header section: the
+same request again (a loader reading the same presigned URL each epoch, on any
+connection) is answered from what was decided the first time, while the verdict holds
+(the signature's validity window), the cache entry is alive and fresh, and its bytes are
+at hand; the headers are written once, but for Date. Bounded by what the remembered
+requests hold (:data:`MAX_CHARS`), least recently used forgotten first.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
+from aiohttp.http_parser import RawRequestMessage
+
+from lota.aiohttp_internals import http_date
+from lota.auth import Authenticator, Authorized
+from lota.auth.sigv4 import RequestView
+from lota.cache.reads import HitPlan, SmallHit
+from lota.logs import AccessLog
+from lota.lru import SizedLru
+from lota.metrics import Metrics
+from lota.node.features import CacheFeature
+from lota.node.node import Drain
+from lota.node.requests import next_request_id
+from lota.s3.addressing import Target, is_admin, parse_target
+from lota.s3.operations import Op
+
+# What aiohttp refuses in a header (it could split the head): control characters but tab.
+_FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# Characters of the requests remembered (request line, headers, response head), at most:
+# some 20,000 presigned GETs.
+MAX_CHARS = 24 * 1024 * 1024
+
+Buffers = Sequence[bytes | bytearray]
+RequestKey = tuple[str, tuple[tuple[bytes, bytes], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    """A request answered at once, ready to be answered again."""
+
+    authorized: Authorized
+    plan: HitPlan
+    head: bytes
+    """The response's status line and headers, all but Date and Server."""
+    principal: str
+
+
+class AtOnce:
+    """Answers the small hits a node can answer without waiting (see the module)."""
+
+    def __init__(
+        self,
+        *,
+        domain: str,
+        auth: Authenticator,
+        metrics: Metrics,
+        access_log: AccessLog,
+        drain: Drain,
+        cache: CacheFeature,
+        catalog_on: bool,
+        max_chars: int = MAX_CHARS,
+    ) -> None:
+        self._domain = domain
+        self._auth = auth
+        self._metrics = metrics
+        self._access_log = access_log
+        self._drain = drain
+        self._cacheable: Callable[[Target, Mapping[str, str]], bool] = cache.cacheable
+        self._hit = cache.hit
+        self._hit_again = cache.hit_again
+        # With a catalog, a read may be of a version still on its way home: it asks first.
+        self._off = catalog_on or not cache.on
+        self._remembered: SizedLru[RequestKey, Remembered] = SizedLru(max_chars)
+        self._date = ""
+        self._tail = b""
+        # The metrics every hit answered here counts, labelled once.
+        get = Op.GET_OBJECT
+        self._counts = {
+            status: (metrics.requests.labels(get, str(status)), metrics.request_seconds.labels(get))
+            for status in (200, 206)
+        }
+        self._cached = metrics.cache_requests.labels("HIT")
+        self._cached_seconds = metrics.cache_request_seconds.labels("HIT")
+
+    def __len__(self) -> int:
+        return len(self._remembered)
+
+    def answer(self, message: RawRequestMessage, remote: str | None) -> Buffers | None:
+        """The response to `message` as the buffers to write, counted and logged; None to
+        leave it to the front end. Never raises."""
+        if self._off or message.method != "GET" or message.version != HttpVersion11:
+            return None
+        if self._drain.draining:
+            return None
+        started = time.perf_counter()
+        key: RequestKey = (message.path, message.raw_headers)
+        known = self._remembered.get(key)
+        if known is not None:
+            again = self._hit_again(known.plan) if self._auth.holds(known.authorized) else None
+            if again is not None:
+                return self._send(again, known.head, known.principal, message, remote, started)
+            self._remembered.pop(key)
+        try:
+            found = self._first(message)
+        except Exception:  # whatever it is, the front end meets it again and answers it
+            return None
+        if found is None:
+            return None
+        authorized, hit = found
+        head = _response_head(hit)
+        if head is None:
+            return None
+        principal = authorized.principal.name if authorized.principal is not None else "-"
+        size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in key[1])
+        self._remembered.put(key, Remembered(authorized, hit.plan, head, principal), size)
+        return self._send(hit, head, principal, message, remote, started)
+
+    def _first(self, message: RawRequestMessage) -> tuple[Authorized, SmallHit] | None:
+        """The front end's steps for a GET, up to the cache's answer (None: not a hit)."""
+        headers = message.headers
+        host = headers.get("host")
+        if host is None or is_admin(host, message.path, self._domain):
+            return None
+        target = parse_target(host, message.path, self._domain)
+        view = RequestView("GET", target.raw_path, target.query, headers)
+        authorized = self._auth.authenticate(view, target.bucket, target.key)
+        if authorized.operation.name != Op.GET_OBJECT or not self._cacheable(target, headers):
+            return None
+        hit = self._hit(headers, target)
+        return None if hit is None else (authorized, hit)
+
+    def _send(
+        self,
+        hit: SmallHit,
+        head: bytes,
+        principal: str,
+        message: RawRequestMessage,
+        remote: str | None,
+        started: float,
+    ) -> Buffers:
+        """Count and log `hit` as the front end would, and give its buffers."""
+        date = http_date()
+        if date != self._date:
+            self._date = date
+            self._tail = f"Date: {date}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n".encode()
+        size = len(hit.body)
+        elapsed = time.perf_counter() - started
+        self._metrics.bytes_out.inc(size)
+        requests, seconds = self._counts[hit.status]
+        requests.inc()
+        seconds.observe(elapsed)
+        self._cached.inc()
+        self._cached_seconds.observe(elapsed)
+        self._access_log.write(
+            remote,
+            "GET",
+            message.path,
+            hit.status,
+            Op.GET_OBJECT,
+            elapsed,
+            next_request_id(),
+            cache="HIT",
+            sent=size,
+            principal=principal,
+        )
+        return head + self._tail, hit.body
+
+
+def _response_head(hit: SmallHit) -> bytes | None:
+    """The status line and headers of `hit` as aiohttp writes them for the same response
+    (Content-Length and a default Content-Type added), but for the Date and Server that end
+    it; None if a header holds a control character aiohttp refuses (a ``response-*``
+    override could: then the front end answers)."""
+    fields = [f"{name}: {value}" for name, value in hit.headers]
+    if _FORBIDDEN_IN_HEADERS.search("".join(fields)):
+        return None
+    lines = [f"HTTP/1.1 {hit.status} {HTTPStatus(hit.status).phrase}", *fields]
+    lines.append(f"Content-Length: {len(hit.body)}")
+    if not any(name.lower() == "content-type" for name, _ in hit.headers):
+        lines.append("Content-Type: application/octet-stream")
+    return ("\r\n".join(lines) + "\r\n").encode()
