@@ -302,11 +302,19 @@ class ReadPath:
             if body is not None:
                 # All of it was cached and is read: one response, written in one go.
                 small = web.Response(status=status, body=body)
-                self._headers(small, request, target, obj, first, last, status, part, answered)
+                small.headers.extend(
+                    self._response_headers(
+                        request.headers, target, obj, first, last, status, part, answered
+                    )
+                )
                 self._read_ahead(placement, obj, first, last)
                 return small
         streamed = BufferedHeadersResponse(status=status)
-        self._headers(streamed, request, target, obj, first, last, status, part, answered)
+        streamed.headers.extend(
+            self._response_headers(
+                request.headers, target, obj, first, last, status, part, answered
+            )
+        )
         streamed.content_length = max(0, last - first + 1)
         await streamed.prepare(request)
         if not get:
@@ -318,24 +326,6 @@ class ReadPath:
             self._read_ahead(placement, obj, first, last)
         await streamed.write_eof()
         return streamed
-
-    def _headers(
-        self,
-        response: web.StreamResponse,
-        request: web.BaseRequest,
-        target: Target,
-        obj: CachedObject,
-        first: int,
-        last: int,
-        status: int,
-        part: int | None,
-        answered: str,
-    ) -> None:
-        response.headers.extend(
-            self._response_headers(
-                request.headers, target, obj, first, last, status, part, answered
-            )
-        )
 
     def _response_headers(
         self,
