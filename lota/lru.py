@@ -16,14 +16,10 @@ class SizedLru(Generic[K, V]):
     def __init__(self, max_size: int) -> None:
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._size = 0
-        self.max_size = max_size
+        self._max_size = max_size
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    @property
-    def size(self) -> int:
-        return self._size
 
     def get(self, key: K) -> V | None:
         entry = self._entries.get(key)
@@ -35,11 +31,11 @@ class SizedLru(Generic[K, V]):
     def put(self, key: K, value: V, size: int) -> None:
         """Remember `value` (of `size`); one larger than the whole bound is not kept."""
         self.pop(key)
-        if size > self.max_size:
+        if size > self._max_size:
             return
         self._entries[key] = (value, size)
         self._size += size
-        while self._size > self.max_size:
+        while self._size > self._max_size:
             _, (_, old) = self._entries.popitem(last=False)
             self._size -= old
 

@@ -98,9 +98,6 @@ class AtOnce:
         self._cached = metrics.cache_requests.labels("HIT")
         self._cached_seconds = metrics.cache_request_seconds.labels("HIT")
 
-    def __len__(self) -> int:
-        return len(self._remembered)
-
     def answer(self, message: RawRequestMessage, remote: str | None) -> Buffers | None:
         """The response to `message` as the buffers to write, counted and logged; None to
         leave it to the front end. Never raises."""
@@ -110,16 +107,18 @@ class AtOnce:
             return None
         started = time.perf_counter()
         key: RequestKey = (message.path, message.raw_headers)
-        known = self._remembered.get(key)
+        try:
+            known = self._remembered.get(key)
+            again = None
+            if known is not None and self._auth.holds(known.authorized):
+                again = self._hit_again(known.plan)
+            found = None if again is not None else self._first(message)
+        except Exception:  # whatever it is, the front end meets it again and answers it
+            return None
         if known is not None:
-            again = self._hit_again(known.plan) if self._auth.holds(known.authorized) else None
             if again is not None:
                 return self._send(again, known.head, known.principal, message, remote, started)
             self._remembered.pop(key)
-        try:
-            found = self._first(message)
-        except Exception:  # whatever it is, the front end meets it again and answers it
-            return None
         if found is None:
             return None
         authorized, hit = found
