@@ -40,6 +40,8 @@ FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 # A worker that ran this long before it died starts again at once.
 HEALTHY_RUN = 60.0
+# Seconds one readiness probe may take (see Supervisor._announce_when_ready).
+PROBE_TIMEOUT = 2.0
 
 
 def listening_sockets(config: Config, count: int) -> list[socket.socket]:
@@ -141,8 +143,8 @@ class Supervisor:
             port = sockets[0].getsockname()[1]
             host = self._config.listen_address[0]
             log.info("%d workers serving on %s:%d", self._count, host, port)
-            if on_ready is not None:
-                await self._announce_when_ready(host, port, on_ready)
+            if on_ready is not None:  # beside the wait: a node told to stop before it is
+                tasks.start(self._announce_when_ready(host, port, on_ready), "announce")
             await self._stopping.wait()
             await self._stop_all()
         finally:
@@ -204,18 +206,23 @@ class Supervisor:
     async def _announce_when_ready(
         self, host: str, port: int, on_ready: Callable[[str], None]
     ) -> None:
-        """`on_ready(url)` once a worker answers ``/_lota/readyz`` (or the node stops)."""
+        """`on_ready(url)` once a worker answers ``/_lota/readyz``. Each probe is on a
+        connection of its own, given :data:`PROBE_TIMEOUT`: one can land in the queue of a
+        worker that has exited (this process holds its socket), where nobody answers."""
         import aiohttp
 
         scheme = "https" if self._config.tls_cert else "http"
         url = f"{scheme}://{host if ':' not in host else f'[{host}]'}:{port}"
-        async with aiohttp.ClientSession() as session:
-            while not self._stopping.is_set():
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
                 try:
-                    async with session.get(f"{url}/_lota/readyz", ssl=False) as response:
+                    async with session.get(
+                        f"{url}/_lota/readyz", ssl=False, headers={"Connection": "close"}
+                    ) as response:
                         if response.status == 200:
                             on_ready(url)
                             return
-                except (aiohttp.ClientError, OSError):
+                except (aiohttp.ClientError, OSError, TimeoutError):
                     pass
                 await asyncio.sleep(0.1)

@@ -117,22 +117,29 @@ def test_two_workers_serve_one_cache_under_one_budget(
     assert {key: recorder.bytes_sent(f"/{bucket}/{key}") for key in blobs} == fetched
 
 
-def test_a_node_is_ready_only_once_every_worker_is(
-    recorder: RecordingProxy, credentials_file: Path, tmp_path: Path, origin_s3: Any, bucket: str
-) -> None:
-    """Worker 1 starts 3 s after worker 0 (a sitecustomize that sleeps in it): the node is
-    not ready meanwhile, so the first reads find both workers serving and the origin sends
-    each chunk once, not once more for each read that found worker 1 still starting."""
+def _worker_1_late(tmp_path: Path, seconds: float) -> dict[str, str]:
+    """The environment in which worker 1 sleeps `seconds` before it starts (a
+    sitecustomize); worker 0 starts at once."""
     late = tmp_path / "late"
     late.mkdir()
     (late / "sitecustomize.py").write_text(
         "import json, os, time\n"
         "spec = os.environ.get('LOTA_WORKER')\n"
         "if spec and json.loads(spec)['index'] == 1:\n"
-        "    time.sleep(3)\n"
+        f"    time.sleep({seconds})\n"
     )
     path = os.pathsep.join(p for p in (str(late), os.environ.get("PYTHONPATH", "")) if p)
-    node = _two_workers(recorder, credentials_file, tmp_path, {"PYTHONPATH": path}).start()
+    return {"PYTHONPATH": path}
+
+
+def test_a_node_is_ready_only_once_every_worker_is(
+    recorder: RecordingProxy, credentials_file: Path, tmp_path: Path, origin_s3: Any, bucket: str
+) -> None:
+    """Worker 1 starts 3 s after worker 0 (a sitecustomize that sleeps in it): the node is
+    not ready meanwhile, so the first reads find both workers serving and the origin sends
+    each chunk once, not once more for each read that found worker 1 still starting."""
+    env = _worker_1_late(tmp_path, seconds=3)
+    node = _two_workers(recorder, credentials_file, tmp_path, env).start()
     try:
         data = os.urandom(3 * CHUNK + 5)
         origin_s3.put_object(Bucket=bucket, Key="o", Body=data)
@@ -142,6 +149,34 @@ def test_a_node_is_ready_only_once_every_worker_is(
         assert recorder.bytes_sent(f"/{bucket}/o") == len(data)
     finally:
         node.stop()
+
+
+def test_a_node_told_to_stop_before_it_is_ready_stops_at_once(
+    recorder: RecordingProxy, credentials_file: Path, tmp_path: Path
+) -> None:
+    """Worker 1 takes a minute to start: readiness probes that land in its socket's queue
+    get no answer. SIGTERM meanwhile stops the node in seconds (it once waited out a probe
+    for five minutes)."""
+    env = _worker_1_late(tmp_path, seconds=60)
+    node = _two_workers(recorder, credentials_file, tmp_path, env).start(ready=False)
+    deadline = time.monotonic() + 20
+    while not _unaccepted(node.port):  # a probe (each its own connection) waits in a queue
+        assert time.monotonic() < deadline, "no readiness probe reached worker 1's queue"
+        time.sleep(0.05)
+    started = time.monotonic()
+    assert node.stop(timeout=60) == 0, node.log_tail()
+    assert time.monotonic() - started < 15, node.log_tail()
+
+
+def _unaccepted(port: int) -> int:
+    """Connections to `port` that wait in a listening socket's queue: established, no
+    process holds them yet (inode 0 in /proc/net/tcp)."""
+    waiting = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01" and fields[9] == "0":
+            waiting += 1
+    return waiting
 
 
 def _read_all(urls: dict[str, str], keys: list[str]) -> list[tuple[str, str]]:
