@@ -142,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
     path = args.config or os.environ.get("LOTA_CONFIG")
     spec = WorkerSpec.from_environment()
     if spec is not None:  # a worker its supervisor started: its settings come from it
+        spec.stop_with_supervisor()
         config = spec.configure(configuration.load(spec.config_path, overrides=spec.overrides))
         _run(serve(config, worker=spec))
         return 0

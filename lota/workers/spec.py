@@ -7,8 +7,10 @@ start (:meth:`WorkerSpec.from_environment`). No variable: the process is a node 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from lota.config import Config
 
 VARIABLE = "LOTA_WORKER"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,8 @@ class WorkerSpec:
     """Where the workers' Unix sockets are (one directory per supervisor)."""
     secret: str
     """Signs the workers' calls to one another when there is no cluster secret."""
+    supervisor: int = 0
+    """The supervisor's process id: a worker stops when that process is gone."""
     config_path: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     """The settings the supervisor was given on its command line (and, with
@@ -42,6 +47,15 @@ class WorkerSpec:
     def from_environment(cls) -> WorkerSpec | None:
         raw = os.environ.get(VARIABLE)
         return cls(**json.loads(raw)) if raw else None
+
+    def stop_with_supervisor(self) -> None:
+        """Have the kernel SIGTERM this worker (which drains) when its supervisor dies,
+        however it dies (SIGKILL, the OOM killer): no orphan keeps serving its socket."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if self.supervisor and os.getppid() != self.supervisor:  # it died before that
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def http_socket(self, index: int) -> str:
         """Worker `index`'s Unix socket for HTTP (peer calls, metrics)."""

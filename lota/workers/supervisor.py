@@ -136,6 +136,7 @@ class Supervisor:
                     listen_fd=sock.fileno(),
                     run_dir=run_dir,
                     secret=secret,
+                    supervisor=os.getpid(),
                     config_path=self._config_path,
                     overrides=self._overrides,
                 )

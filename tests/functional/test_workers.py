@@ -168,6 +168,27 @@ def test_a_node_told_to_stop_before_it_is_ready_stops_at_once(
     assert time.monotonic() - started < 15, node.log_tail()
 
 
+def test_workers_stop_when_their_supervisor_is_killed(node: LotaProcess) -> None:
+    """SIGKILL (the OOM killer) gives the supervisor no chance to stop its workers: they
+    stop themselves, rather than serve on as orphans."""
+    workers = _workers(node)
+    assert len(workers) == 2
+    node.kill()
+    deadline = time.monotonic() + 20
+    while alive := [pid for pid in workers if _running(pid)]:
+        assert time.monotonic() < deadline, f"workers {alive} outlived their supervisor"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs (an exited one its new parent has not reaped does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _unaccepted(port: int) -> int:
     """Connections to `port` that wait in a listening socket's queue: established, no
     process holds them yet (inode 0 in /proc/net/tcp)."""
