@@ -118,27 +118,37 @@ class RecordingProxy:
             for name, value in upstream.headers.items():
                 if name.lower() not in ("transfer-encoding", "connection"):
                     response.headers.add(name, value)
-            await response.prepare(request)
+            # The request is recorded before its last bytes go out: a caller that has the
+            # whole answer always finds it in `seen` (recording after write_eof raced it).
+            pieces = upstream.content.iter_chunked(256 * 1024)
+            piece = b"" if request.method == "HEAD" else await anext(pieces, b"")
             sent = 0
-            if request.method != "HEAD":
-                async for piece in upstream.content.iter_chunked(256 * 1024):
-                    sent += len(piece)
-                    await response.write(piece)
-                    if self.pace:
-                        await asyncio.sleep(self.pace)
+            if not piece:
+                self._record(request, upstream.status, 0)
+            await response.prepare(request)
+            while piece:
+                following = await anext(pieces, b"")
+                sent += len(piece)
+                if not following:
+                    self._record(request, upstream.status, sent)
+                await response.write(piece)
+                if self.pace:
+                    await asyncio.sleep(self.pace)
+                piece = following
             await response.write_eof()
-        with self._lock:
-            self.seen.append(
-                Seen(
-                    request.method,
-                    request.path,
-                    request.query_string,
-                    request.headers.get("range", ""),
-                    upstream.status,
-                    sent,
-                )
-            )
         return response
+
+    def _record(self, request: web.BaseRequest, status: int, sent: int) -> None:
+        seen = Seen(
+            request.method,
+            request.path,
+            request.query_string,
+            request.headers.get("range", ""),
+            status,
+            sent,
+        )
+        with self._lock:
+            self.seen.append(seen)
 
 
 @contextmanager
