@@ -151,13 +151,16 @@ async def setup(
 
 def upload(setup: Setup) -> None:
     """996 objects now; 4 more (a newer step in two runs) on day 14: 1,000 in all."""
-    jobs: list[tuple[str, int]] = [(k, 128 * KiB) for k in HOT + COLD]
-    jobs += [(k, KiB) for k in SMALL]
-    for step in range(STEPS):  # oldest first: LastModified orders the steps
-        for run in range(RUNS):
-            jobs += [(model(run, step), 128 * KiB), (meta(run, step), KiB)]
+    batches: list[list[tuple[str, int]]] = [[(k, 128 * KiB) for k in HOT + COLD]]
+    batches[0] += [(k, KiB) for k in SMALL]
+    # One step after the other, oldest first: LastModified orders the steps (a step still
+    # being written while the next one is would be the newer of the two).
+    for step in range(STEPS):
+        batches.append([(model(run, step), 128 * KiB) for run in range(RUNS)])
+        batches[-1] += [(meta(run, step), KiB) for run in range(RUNS)]
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda job: setup.put(job[0], job[1]), jobs))
+        for jobs in batches:
+            list(pool.map(lambda job: setup.put(job[0], job[1]), jobs))
 
 
 def iso(moment: float) -> str:
