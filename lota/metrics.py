@@ -378,7 +378,8 @@ class Metrics:
         self.worker_requests = Counter(
             "lota_worker_requests",
             "Chunk reads this worker asked of the other workers of its node (their chunks, "
-            "not held: relayed as they filled them), by result, as lota_peer_requests",
+            "not held: relayed as they filled them), by result, as lota_peer_requests; "
+            "meta: an object's metadata asked of the worker it lives with",
             ["result"],
             registry=r,
         )

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lota.cache.layout import chunk_count, chunk_length
 from lota.cache.plan import ColdFetch, body_start, first_whole_chunk
-from lota.cache.source import ByteSource, ChunkSource, SourceReply
+from lota.cache.source import VALIDATED_AT, ByteSource, ChunkSource, SourceReply
 from lota.cache.store import CachedObject, CacheStore, CacheWriteError, ChunkWriter, ObjectMeta
 from lota.clock import Clock
 from lota.errors import LotaError, OriginError
@@ -106,6 +107,16 @@ def object_meta(bucket: str, key: str, response: SourceReply, validated_at: floa
         version_id=headers.get("x-amz-version-id", ""),
         validated_at=validated_at,
     )
+
+
+def checked_at(reply: SourceReply, now: float) -> float:
+    """When the origin last vouched for `reply`'s metadata: now, unless another LOTA
+    process answered from its copy and said when it checked (:data:`VALIDATED_AT`)."""
+    try:
+        said = float(reply.headers.get(VALIDATED_AT, now))
+    except ValueError:
+        return now
+    return min(said, now) if math.isfinite(said) else now
 
 
 def _total_size(headers: Mapping[str, str]) -> int:
@@ -294,7 +305,7 @@ class Filler:
                 if reply.status != 200:
                     learnt.set_result(OriginReply(reply.status, list(reply.headers.items()), b""))
                     return
-                meta = object_meta(bucket, key, reply, self._clock.time())
+                meta = object_meta(bucket, key, reply, checked_at(reply, self._clock.time()))
             learnt.set_result(await self.store.admit(meta, since=epoch))
         except asyncio.CancelledError:
             learnt.set_exception(OriginError("metadata request cancelled"))

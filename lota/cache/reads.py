@@ -182,6 +182,17 @@ class ReadPath:
             obj, answered = result, "MISS"
         return await self._respond(request, target, placement, obj, answered)
 
+    async def entry(self, bucket: str, key: str, origin: ChunkSource) -> CachedObject | OriginReply:
+        """The object's entry as a read here would find it: the one held (revalidated with
+        `origin` if due), or learnt from `origin` (one HEAD, shared); or what `origin`
+        refused with. What another process asking for the metadata is answered."""
+        obj = self.cache.lookup(bucket, key)
+        if obj is not None and self._due(obj):
+            obj, _ = await self._revalidate(origin, obj)
+        if obj is not None:
+            return obj
+        return await self.cache.learn(origin, bucket, key)
+
     # -- freshness --------------------------------------------------------------------
 
     def _due(self, obj: CachedObject) -> bool:
@@ -252,7 +263,7 @@ class ReadPath:
         )
         origin, bucket, key = placement.origin, target.bucket, target.key
         if wanted.head:
-            learnt = await self.cache.learn(origin, bucket, key)
+            learnt = await self.cache.learn(placement.metadata, bucket, key)
             if not isinstance(learnt, OriginReply) or request.method != "GET":
                 return learnt
             # A HEAD's refusal has no body: a GET gets the origin's own error document

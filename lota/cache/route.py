@@ -66,7 +66,10 @@ class Placement(Protocol):
     """Where one bucket's chunks come from and are kept."""
 
     origin: ChunkSource
-    """The bucket's origin: metadata (HEAD, revalidation) comes from it."""
+    """The bucket's origin: revalidation asks it."""
+    metadata: ChunkSource
+    """Where a cold read learns an object's metadata (one HEAD): the origin, or the
+    worker of this node the key's metadata lives with, which asks the origin once for all."""
     spread: bool
     """Whether chunks are spread over processes (workers, nodes): then a cold read learns
     the object's metadata first (one HEAD), since who owns a chunk depends on its version."""
@@ -121,7 +124,7 @@ class Alone:
 
     def __init__(self, cache: ChunkService, origin: ChunkSource) -> None:
         self.cache = cache
-        self.origin = origin
+        self.origin = self.metadata = origin
 
     def route(self, obj: CachedObject, index: int, last: int) -> Route:
         return Route(self.origin, keep=True, last=index)

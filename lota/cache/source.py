@@ -28,6 +28,12 @@ from lota.errors import LotaError
 SourceKind = Literal["origin", "peer", "sibling"]
 
 
+# Said by a LOTA process answering metadata (a sibling worker, a peer): when it last
+# checked its copy with the origin (seconds since the epoch). Whoever takes the metadata
+# takes that time too, so a copy is never taken for fresher than it is.
+VALIDATED_AT = "x-lota-validated-at"
+
+
 class SourceBroke(LotaError):
     """A source's body broke off mid-stream in a way another source can make good (a
     peer node died or stalled): whoever relays it resumes from ``resume_at`` elsewhere."""

@@ -5,6 +5,10 @@
   ``If-Match: ETAG``, ``Range: bytes=A-Z``         206 from the cache (zero-copy), or filled
                                                    from the origin as they arrive; 412 when
                                                    the origin has another version
+``HEAD /_lota/peer/object?bucket=B&key=K``         the object's metadata, fresh (learnt from
+                                                   the origin if not held, revalidated if
+                                                   due), ``x-lota-validated-at`` saying when
+                                                   it was checked; or the origin's refusal
 ``POST /_lota/peer/fill?bucket=B&key=K&chunks=..`` fill those chunks of version ETAG, then
   ``If-Match: ETAG``                               200 ``{"filled", "cached", "failed"}``
 ``POST /_lota/peer/invalidate?bucket=B&key=K``     drop this node's cached copy (every
@@ -39,6 +43,7 @@ from lota.cache.layout import chunk_count
 from lota.cache.reads import relay_reply
 from lota.cache.route import Alone, NodePlacement
 from lota.cache.service import ChunkService
+from lota.cache.source import VALIDATED_AT, ChunkSource
 from lota.cache.store import CachedObject
 from lota.cluster.peers import FILL, INVALIDATE, OBJECT, PING
 from lota.cluster.signing import PeerRefused, Verifier
@@ -51,6 +56,8 @@ PREFIX = "/_lota/peer/"
 # A fill names at most this many chunks (80 GiB of 8 MiB chunks).
 MAX_FILL_CHUNKS = 10_000
 _CHUNK_LIST = re.compile(r"[0-9]{1,9}(,[0-9]{1,9})*")
+Entry = Callable[[str, str, ChunkSource], Awaitable[CachedObject | OriginReply]]
+"""(bucket, key, origin) -> the object's entry, fresh, or what the origin refused."""
 
 
 class PeerEndpoint:
@@ -65,11 +72,13 @@ class PeerEndpoint:
         local_for: Callable[[str], NodePlacement],
         metrics: Metrics,
         tell_siblings: Callable[[str, list[str]], Awaitable[None]] | None = None,
+        entry: Entry | None = None,
     ) -> None:
         """`alone_for`: a bucket's placement in this process alone (what a sibling worker's
         call is answered from: it goes no further); `local_for`: over this node's workers
         (what another node's call is answered from); `tell_siblings`: pass another node's
-        invalidation on to this node's other workers."""
+        invalidation on to this node's other workers; `entry`: an object's entry as a
+        read here finds it (:meth:`lota.cache.reads.ReadPath.entry`), for metadata calls."""
         self._verifier = verifier
         self._cache = cache
         self._deliverer = deliverer
@@ -77,6 +86,7 @@ class PeerEndpoint:
         self._local_for = local_for
         self._metrics = metrics
         self._tell_siblings = tell_siblings
+        self._entry = entry
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -92,6 +102,8 @@ class PeerEndpoint:
         placement = self._alone_for(bucket) if sibling else self._local_for(bucket)
         if path == OBJECT and method == "GET":
             return await self._object(request, placement, counted=not sibling)
+        if path == OBJECT and method == "HEAD" and self._entry is not None:
+            return await self._metadata(request, placement, self._entry)
         if path == FILL and method == "POST":
             return await self._fill(request, placement)
         if path == INVALIDATE and method == "POST":
@@ -139,6 +151,36 @@ class PeerEndpoint:
         await response.prepare(request)
         if last >= first:
             await self._deliverer.send(request, response, placement, found, first, last)
+        await response.write_eof()
+        return response
+
+    async def _metadata(
+        self, request: web.BaseRequest, placement: NodePlacement, entry: Entry
+    ) -> web.StreamResponse:
+        """What a HEAD of the object would say (its whole-object checksums included), and
+        when this node last checked it with its origin."""
+        bucket, key = _target(request)
+        found = await entry(bucket, key, placement.origin)
+        if not isinstance(found, CachedObject):
+            return relay_reply(found)
+        m = found.meta
+        response = web.StreamResponse(status=200)
+        response.headers.extend(
+            plan.response_headers(
+                m.headers,
+                status=200,
+                checksums=True,
+                part=False,
+                overrides=(),
+                source="HIT",
+                first=0,
+                last=m.size - 1,
+                size=m.size,
+            )
+        )
+        response.headers[VALIDATED_AT] = repr(m.validated_at)
+        response.content_length = m.size
+        await response.prepare(request)
         await response.write_eof()
         return response
 

@@ -46,6 +46,11 @@ def chunk_key(bucket: str, key: str, etag: str, index: int) -> bytes:
     return f"{bucket}\0{key}\0{etag}\0{index}".encode("utf-8", "surrogateescape")
 
 
+def object_key(bucket: str, key: str) -> bytes:
+    """The bytes the worker an object's metadata lives with is chosen by (any version)."""
+    return f"{bucket}\0{key}".encode("utf-8", "surrogateescape")
+
+
 def table_size(members: int) -> int:
     """The table size for a cluster of `members` nodes."""
     for size in TABLE_SIZES:

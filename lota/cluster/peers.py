@@ -205,6 +205,17 @@ class PeerSource:
             client.requests.labels(result).inc()
             yield PeerReply(response, self.name, client)
 
+    @asynccontextmanager
+    async def head(self, bucket: str, key: str) -> AsyncIterator[PeerReply]:
+        """The object's metadata as the peer knows it, fresh (it asks its origin when it
+        does not): 200 with the object's headers and ``x-lota-validated-at``, or what its
+        origin refused with."""
+        query = [("bucket", bucket), ("key", key)]
+        client = self._client
+        async with client.request(self.name, "HEAD", OBJECT, query) as response:
+            client.requests.labels("meta" if response.status < 500 else "error").inc()
+            yield PeerReply(response, self.name, client)
+
 
 class PeerReply:
     """A peer's answer as a :class:`~lota.cache.source.SourceReply`."""

@@ -123,6 +123,7 @@ class Clustered:
     ) -> None:
         self._local = local
         self.origin = local.origin
+        self.metadata = local.metadata
         self._cache = local.cache
         self._cluster = cluster
         self._hot = hot

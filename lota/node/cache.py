@@ -173,6 +173,7 @@ async def build_cache(
                 lambda b: local[region_of(b)],
                 metrics,
                 tell_siblings,
+                reads.entry,
             )
 
             feature = replace(feature, peer=endpoint.handle)

@@ -16,6 +16,10 @@ one listen address. How they share one cache: **a worker is a peer on loopback.*
   it with ``sendfile`` itself — hits stay zero-copy, and descriptors are kept a while so a
   hot chunk costs the sibling nothing more; if not, the sibling fills it (once, however
   many ask) and streams it, as an owner node streams to a peer.
+- An object's metadata has a home worker too (by bucket and key,
+  :class:`lota.workers.placement.MetadataHome`): a worker that does not know an object
+  asks that sibling, which asks the origin once for the node, so the first reads of a
+  hot set cost the origin one HEAD per object, not one per object per worker.
 - In a cluster, a chunk's owner is a node first (:mod:`lota.cluster.ownership`), then a
   worker of that node; other nodes' requests reach any worker of the node, which asks the
   owning sibling.

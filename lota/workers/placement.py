@@ -9,23 +9,80 @@ this worker does not hold:
   cannot answer (it is restarting), relayed from the origin, not kept.
 
 Prefetches and warms ask each chunk's owner worker to fill it.
+
+An object's metadata lives with one worker too (:class:`MetadataHome`, by its bucket and
+key): a worker that does not know an object asks that sibling, which asks the origin once
+for the node (and answers from its entry after that), instead of every worker sending the
+origin a HEAD of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import aiohttp
 
 from lota.cache.layout import chunk_count
 from lota.cache.route import Route, Warmed, known_or_learnt, warm_here
 from lota.cache.service import ChunkService
-from lota.cache.source import ChunkSource
+from lota.cache.source import ChunkSource, SourceKind, SourceReply
 from lota.cache.store import CachedObject
-from lota.cluster.ownership import chunk_key, worker_of
-from lota.cluster.peers import OwnersSource
+from lota.cluster.ownership import chunk_key, object_key, worker_of
+from lota.cluster.peers import OwnersSource, PeerError
 from lota.cluster.placement import RemoteFills
 from lota.metrics import Metrics
 from lota.workers.siblings import OpenChunk, SiblingSource
+
+log = logging.getLogger("lota.workers")
+
+
+class MetadataHome:
+    """The origin, but for an object's metadata (a plain HEAD): the sibling it lives with,
+    when that is not this worker; the origin when the sibling cannot answer (restarting,
+    in its back-off) or fails. Revalidations and part HEADs go to the origin."""
+
+    def __init__(
+        self,
+        origin: ChunkSource,
+        me: int,
+        siblings: Mapping[int, SiblingSource],
+        usable: Callable[[str], bool],
+    ) -> None:
+        self._origin = origin
+        self._me = me
+        self._siblings = siblings
+        self._count = len(siblings) + 1
+        self._usable = usable
+        self.kind: SourceKind = origin.kind
+        self.name = origin.name
+
+    def get(
+        self, bucket: str, key: str, *, byte_range: str = "", if_match: str = ""
+    ) -> contextlib.AbstractAsyncContextManager[SourceReply]:
+        return self._origin.get(bucket, key, byte_range=byte_range, if_match=if_match)
+
+    @asynccontextmanager
+    async def head(
+        self, bucket: str, key: str, *, part: int | None = None, if_none_match: str = ""
+    ) -> AsyncIterator[SourceReply]:
+        home = worker_of(object_key(bucket, key), self._count)
+        sibling = self._siblings.get(home)
+        if part is None and not if_none_match and sibling and self._usable(sibling.name):
+            async with AsyncExitStack() as stack:
+                try:
+                    reply = await stack.enter_async_context(sibling.head(bucket, key))
+                except (PeerError, aiohttp.ClientError, OSError) as exc:
+                    log.debug("sibling %s did not say what %s/%s is: %r", home, bucket, key, exc)
+                else:
+                    if reply.status < 500:
+                        yield reply
+                        return
+        async with self._origin.head(bucket, key, part=part, if_none_match=if_none_match) as reply:
+            yield reply
 
 
 class Local:
@@ -45,6 +102,7 @@ class Local:
     ) -> None:
         self.cache = cache
         self.origin = origin
+        self.metadata: ChunkSource = MetadataHome(origin, me, siblings, usable)
         self._me = me
         self._siblings = siblings
         self._count = len(siblings) + 1
@@ -88,7 +146,7 @@ class Local:
     async def warm(
         self, bucket: str, key: str, known: CachedObject | None, size: int = -1
     ) -> Warmed:
-        obj = await known_or_learnt(self.cache, self.origin, bucket, key, known)
+        obj = await known_or_learnt(self.cache, self.metadata, bucket, key, known)
         if obj is None:
             return Warmed(failed=1)
         done = await self.warm_chunks(obj, range(chunk_count(obj.meta.size, self.cache.chunk_size)))

@@ -21,7 +21,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from lota.cache.source import SourceKind, SourceReply
 from lota.cache.store import ObjectMeta
@@ -92,6 +92,11 @@ class SiblingSource:
     ) -> AsyncIterator[SourceReply]:
         async with self._peer.get(bucket, key, byte_range=byte_range, if_match=if_match) as reply:
             yield _FromSibling(reply)
+
+    def head(self, bucket: str, key: str) -> AbstractAsyncContextManager[SourceReply]:
+        """The object's metadata as the sibling knows it, fresh (see
+        :meth:`lota.cluster.peers.PeerSource.head`)."""
+        return self._peer.head(bucket, key)
 
     def kept(self, meta: ObjectMeta, index: int) -> OpenChunk | None:
         """The chunk if its descriptor is kept here (the sibling handed it over before)."""

@@ -117,6 +117,31 @@ def test_two_workers_serve_one_cache_under_one_budget(
     assert {key: recorder.bytes_sent(f"/{bucket}/{key}") for key in blobs} == fetched
 
 
+def test_the_node_asks_the_origin_what_an_object_is_once_whichever_workers_read_it(
+    node: LotaProcess, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    """An object's metadata lives with one worker: the others ask it, not the origin, so
+    the origin gets one HEAD for the node however many workers read the object (16 reads,
+    each on a connection of its own, reach both)."""
+    keys = [f"k{i}" for i in range(8)]
+    blobs = {key: os.urandom(MiB + i) for i, key in enumerate(keys)}
+    for key, blob in blobs.items():
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=blob)
+    urls = {key: presigned_get(node.url, bucket, key) for key in keys}
+    recorder.clear()
+    for key in keys:
+        got = {_read(urls[key]) for _ in range(16)}
+        assert {digest for digest, _ in got} == {xxhash.xxh3_128(blobs[key]).hexdigest()}
+    assert {key: len(recorder.requests("HEAD", f"/{bucket}/{key}")) for key in keys} == {
+        key: 1 for key in keys
+    }
+    assert {key: recorder.bytes_sent(f"/{bucket}/{key}") for key in keys} == {
+        key: len(blob) for key, blob in blobs.items()
+    }
+    # A copy taken from a sibling is as fresh as the sibling's: revalidation keeps time.
+    assert _metric(node, "lota_cache_revalidations_total") == 0
+
+
 def _worker_1_late(tmp_path: Path, seconds: float) -> dict[str, str]:
     """The environment in which worker 1 sleeps `seconds` before it starts (a
     sitecustomize); worker 0 starts at once."""

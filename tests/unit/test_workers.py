@@ -7,6 +7,8 @@ import asyncio
 import os
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,10 +17,14 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from prometheus_client import Counter as PromCounter
 from prometheus_client.parser import text_string_to_metric_families
 
-from lota.cluster.ownership import chunk_key, worker_of
+from lota.cache.fill import checked_at
+from lota.cache.source import VALIDATED_AT
+from lota.cluster.ownership import chunk_key, object_key, worker_of
+from lota.cluster.peers import PeerError
 from lota.workers import fds, siblings
 from lota.workers.metrics import merge
 from lota.workers.node import is_sibling, worker_name
+from lota.workers.placement import MetadataHome
 
 
 def _keys(count: int) -> list[bytes]:
@@ -225,3 +231,75 @@ async def test_a_worker_is_ready_once_its_siblings_answer(
     finally:
         for runner in runners:
             await runner.cleanup()
+
+
+class _Answers:
+    """A source whose HEADs answer `status` (or raise `fails`), recording what was asked."""
+
+    kind = "origin"
+    name = "us-east"
+
+    def __init__(self, status: int = 200, fails: Exception | None = None) -> None:
+        self.status, self.fails, self.asked = status, fails, []
+
+    @asynccontextmanager
+    async def head(self, bucket: str, key: str, **given: object) -> AsyncIterator[SimpleNamespace]:
+        self.asked.append((key, given))
+        if self.fails is not None:
+            raise self.fails
+        yield SimpleNamespace(status=self.status, headers={})
+
+
+def _home_elsewhere(count: int = 2) -> str:
+    """A key whose metadata lives with worker 1 of `count`, not worker 0."""
+    return next(
+        k for k in (f"k{i}" for i in range(100)) if worker_of(object_key("b", k), count) == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("sibling", "usable", "from_sibling"),
+    [
+        (_Answers(200), True, True),
+        (_Answers(404), True, True),  # the origin's refusal, as the sibling heard it
+        (_Answers(503), True, False),  # draining: the origin
+        (_Answers(fails=PeerError("gone")), True, False),  # restarting: the origin
+        (_Answers(200), False, False),  # in its back-off: not even asked
+    ],
+)
+async def test_a_worker_learns_an_object_from_its_home_sibling_else_from_the_origin(
+    sibling: _Answers, usable: bool, from_sibling: bool
+) -> None:
+    origin = _Answers(200)
+    home = MetadataHome(origin, 0, {1: sibling}, lambda name: usable)  # type: ignore[dict-item]
+    key = _home_elsewhere()
+    async with home.head("b", key) as reply:
+        assert reply.status == (sibling.status if from_sibling else 200)
+    assert len(origin.asked) == (0 if from_sibling else 1)
+    assert len(sibling.asked) == (1 if usable else 0)
+
+
+async def test_revalidations_and_parts_ask_the_origin_never_a_sibling() -> None:
+    origin, sibling = _Answers(200), _Answers(200)
+    home = MetadataHome(origin, 0, {1: sibling}, lambda name: True)  # type: ignore[dict-item]
+    key = _home_elsewhere()
+    async with home.head("b", key, if_none_match='"e"'):
+        pass
+    async with home.head("b", key, part=2):
+        pass
+    assert sibling.asked == []
+    assert [given for _, given in origin.asked] == [
+        {"part": None, "if_none_match": '"e"'},
+        {"part": 2, "if_none_match": ""},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("said", "taken"),
+    [(None, 1000.0), ("900.5", 900.5), ("1200", 1000.0), ("soon", 1000.0), ("nan", 1000.0)],
+)
+def test_metadata_from_another_lota_is_as_old_as_its_last_check_never_younger(
+    said: str | None, taken: float
+) -> None:
+    headers = {} if said is None else {VALIDATED_AT: said}
+    assert checked_at(SimpleNamespace(headers=headers), now=1000.0) == taken  # type: ignore[arg-type]
