@@ -509,6 +509,34 @@ async def test_checked_chunks_beyond_the_kept_descriptors_are_reopened_inline(
     assert again.read_hot(restarted, 1, 0, 10) == content(obj.meta, 1)[:10]
 
 
+async def test_an_open_of_a_checked_chunk_beyond_the_kept_descriptors_stays_on_the_loop(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a sibling worker asks for, too: a checked chunk whose descriptor was closed is
+    opened again on the loop, not through the store's thread pool (a hand-off each way);
+    one that is not of its length is left to the thread, which drops it."""
+    monkeypatch.setattr(fdcache, "open_chunk_limit", lambda: 1)
+    store = await make_store(verify="never")
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    for index in range(3):
+        assert await read(store, obj, index) == content(obj.meta, index)
+    on_threads: list[str] = []
+    opened_on_a_thread = ChunkFiles.open_chunk
+
+    def counted(files: ChunkFiles, path: str, length: int, digest: int | None) -> int:
+        on_threads.append(path)
+        return opened_on_a_thread(files, path, length, digest)
+
+    monkeypatch.setattr(ChunkFiles, "open_chunk", counted)
+    for index in range(3):
+        assert await read(store, obj, index) == content(obj.meta, index)
+    assert on_threads == []
+    os.truncate(chunk_path(store.dirs[obj.chunks[0].dir], obj.stem, 0), 100)
+    assert await read(store, obj, 0) is None
+    assert len(on_threads) == 1 and not store.has_chunk(obj, 0)
+
+
 async def test_bytes_not_in_the_page_cache_are_not_read_inline(make_store: MakeStore) -> None:
     store = await make_store()
     obj = await store.admit(meta())

@@ -116,12 +116,16 @@ class Readers:
         descriptor was closed since (a hot set larger than the descriptors kept): as nginx
         opens its files, on its event loop. Its inode and directory entries were read
         lately, so this costs microseconds; a chunk never opened yet is opened on a thread
-        (:meth:`open`), and so is this one if it fails (the error is handled there)."""
+        (:meth:`open`), and so is this one if it fails or is not of its length (the error
+        is handled there)."""
         if not chunk.checked:
             return False
         try:
             fd = os.open(self._table.path(chunk), os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
+            return False
+        if os.fstat(fd).st_size != chunk.length:
+            os.close(fd)
             return False
         self._fds.keep(chunk, fd)
         return True
@@ -135,8 +139,9 @@ class Readers:
     async def open(self, chunk: Chunk) -> ChunkReader | None:
         """A reader of `chunk`, verified as the policy says; None if it is damaged or gone."""
         self._table.ref(chunk)
-        if chunk.fd >= 0 and self._digest_to_check(chunk) is None:
-            # Hot path: a chunk read since start-up, already checked, descriptor still open.
+        if self._digest_to_check(chunk) is None and (chunk.fd >= 0 or self._reopen(chunk)):
+            # Hot path: a chunk read since start-up, already checked, its descriptor still
+            # open (or opened again here, on the loop).
             self._fds.used(chunk)
             return self._reader(chunk, chunk.fd, owned=False)
         try:
