@@ -74,6 +74,10 @@ class ChunkService:
         for a zero-copy send; None when it is not cached or fails its check."""
         return await self._store.open_chunk(obj, index)
 
+    def chunk_path(self, obj: CachedObject, index: int) -> str:
+        """The file of cached chunk `index` of `obj`."""
+        return self._store.chunk_path(obj, index)
+
     def read_hot(
         self, obj: CachedObject, index: int, offset: int, count: int
     ) -> bytes | bytearray | None:

@@ -2,41 +2,50 @@
 
 The worker that owns a chunk answers on its ``worker-K.fds`` Unix socket: one JSON line
 asks for a chunk, ``{"bucket", "key", "etag", "index"}``; the answer is one JSON line,
-``{"length": N}`` with the chunk file's descriptor attached, or ``{"length": -1}`` when it
-does not hold that chunk of that version. The asking worker then sends the bytes to its
+``{"length": N, "path": P}`` with the chunk file's descriptor attached, or ``{"length": -1}``
+when it does not hold that chunk of that version. The asking worker then sends the bytes to its
 client with ``sendfile`` from its own copy of the descriptor: the file's blocks stay
 readable through it even if the owner evicts the chunk meanwhile (its bytes never change:
 a chunk belongs to one version of one object).
 
-Both ends are plain blocking sockets on threads: a request is a few microseconds of work,
-and the asking side keeps descriptors (:class:`lota.workers.siblings.SiblingSource`), so
-this runs about once per chunk per worker, not once per read. The owner's side looks the
-chunk up on its event loop (:func:`asyncio.run_coroutine_threadsafe`), where its store lives.
+Both ends run on their worker's event loop, on non-blocking sockets: a request is a few
+microseconds of work, less than handing it to a thread and back (which is what it cost
+when both ends were blocking sockets on threads: with a hot set of 20,000 objects, most
+of a worker's time went to those hand-offs). The owner looks the chunk up where its
+store lives, on that loop; an asker waits at most :data:`OPEN_TIMEOUT` and then closes
+the connection (a descriptor that arrives later is closed with it). The asking side keeps
+descriptors (:class:`lota.workers.siblings.SiblingSource`), so this runs about once per
+chunk per worker, not once per read.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
 import os
 import socket
-import socketserver
-import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from lota.tasks import TaskGroup
+
 log = logging.getLogger("lota.workers")
 
-# Seconds the owner's loop may take to open a chunk (a first read verifies its digest).
+# Seconds an asker waits for an answer (the owner's first read of a chunk verifies it).
 OPEN_TIMEOUT = 10.0
 MAX_REQUEST = 64 * 1024
+# Idle connections an asker keeps to one sibling.
+MAX_IDLE = 8
+# Seconds the owner stops accepting after accept() failed (out of descriptors).
+ACCEPT_PAUSE = 0.1
 
-Opened = tuple[int, int, Callable[[], None]]
+Opened = tuple[int, int, str, Callable[[], None]]
 Opener = Callable[[str, str, str, int], Coroutine[Any, Any, Opened | None]]
-"""(bucket, key, etag, index) -> (descriptor, length, release) of a chunk held, or None."""
+"""(bucket, key, etag, index) -> (descriptor, length, path, release) of a chunk held, or None."""
+Handed = tuple[int, int, str]
+"""A chunk handed over: (descriptor, now the asker's own; length; the file's path)."""
 
 
 class FdServer:
@@ -46,61 +55,137 @@ class FdServer:
         self.path = path
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        owner = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                while line := self.rfile.readline(MAX_REQUEST):
-                    owner._answer(self.connection, line)
-
-        self._server = socketserver.ThreadingUnixStreamServer(path, Handler)
-        self._server.daemon_threads = True
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(path)
+            self._listener.listen(128)
+        except BaseException:
+            self._listener.close()
+            raise
+        self._listener.setblocking(False)
         self._opener = opener
         self._loop = loop
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="lota-fds", daemon=True
-        )
+        self._asked: set[_Asked] = set()
+        self._answers = TaskGroup("fds")
 
     def start(self) -> None:
         os.chmod(self.path, 0o600)
-        self._thread.start()
+        self._loop.add_reader(self._listener.fileno(), self._accept)
 
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    async def close(self) -> None:
+        """Stop answering; opens under way are cancelled."""
+        self._loop.remove_reader(self._listener.fileno())
+        self._listener.close()
+        for asked in list(self._asked):
+            asked.close()
+        await self._answers.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def _answer(self, connection: socket.socket, line: bytes) -> None:
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors: the listener stays readable
+                log.warning("cannot accept a sibling's descriptor request: %s", exc)
+                self._loop.remove_reader(self._listener.fileno())
+                self._loop.call_later(ACCEPT_PAUSE, self._resume)
+                return
+            connection.setblocking(False)
+            self._asked.add(_Asked(connection, self, self._asked))
+
+    def _resume(self) -> None:
+        if self._listener.fileno() >= 0:
+            self._loop.add_reader(self._listener.fileno(), self._accept)
+
+
+class _Asked:
+    """One sibling's connection: its requests answered one after the other, in order."""
+
+    def __init__(
+        self,
+        connection: socket.socket,
+        server: FdServer,
+        registry: set[_Asked],
+    ) -> None:
+        self._connection = connection
+        self._opener = server._opener
+        self._loop = server._loop
+        self._answers = server._answers
+        self._registry = registry
+        self._buffer = bytearray()
+        self._answering = False
+        self._loop.add_reader(connection.fileno(), self._readable)
+
+    def close(self) -> None:
+        """Closed (the asker left): an open under way finishes, and its chunk is let go
+        (not cut short: the store's first read of a chunk may be verifying it for others)."""
+        self._registry.discard(self)
+        if self._connection.fileno() >= 0:
+            self._loop.remove_reader(self._connection.fileno())
+            self._connection.close()
+
+    def _readable(self) -> None:
+        try:
+            data = self._connection.recv(MAX_REQUEST)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        self._buffer += data
+        if len(self._buffer) > MAX_REQUEST and b"\n" not in self._buffer:
+            self.close()
+            return
+        self._next()
+
+    def _next(self) -> None:
+        if self._answering or self._connection.fileno() < 0:
+            return
+        end = self._buffer.find(b"\n")
+        if end < 0:
+            return
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        self._answering = True
+        self._answers.start(self._answer(line), "answer")
+
+    async def _answer(self, line: bytes) -> None:
         found: Opened | None = None
         try:
             asked = json.loads(line)
             wanted = (str(asked["bucket"]), str(asked["key"]), str(asked["etag"]))
-            opening = self._opener(*wanted, int(asked["index"]))
-            future = asyncio.run_coroutine_threadsafe(opening, self._loop)
-            try:
-                found = future.result(OPEN_TIMEOUT)
-            except TimeoutError:
-                # Too late for this request: the chunk is let go once it is open (not
-                # cancelled: an open cut short on its thread could leave its descriptor).
-                future.add_done_callback(self._release_late)
-                raise
-        except Exception:  # a bad line, a stopping loop: this chunk is just not handed over
+            found = await self._opener(*wanted, int(asked["index"]))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bad line, a failing store: this chunk is just not handed over
             log.debug("chunk descriptor request failed", exc_info=True)
-        if found is None:
-            connection.sendall(b'{"length": -1}\n')
-            return
-        fd, length, release = found
         try:
-            socket.send_fds(connection, [json.dumps({"length": length}).encode() + b"\n"], [fd])
+            self._send(found)
         finally:
-            self._loop.call_soon_threadsafe(release)
+            if found is not None:
+                found[3]()  # the message in flight holds its own reference to the file
+        self._answering = False
+        self._next()
 
-    def _release_late(self, future: concurrent.futures.Future[Opened | None]) -> None:
-        if not future.cancelled() and future.exception() is None:
-            late = future.result()
-            if late is not None:
-                self._loop.call_soon_threadsafe(late[2])
+    def _send(self, found: Opened | None) -> None:
+        if self._connection.fileno() < 0:  # the asker gave up and left
+            return
+        if found is None:
+            message, fds = b'{"length": -1}\n', []
+        else:
+            answer = {"length": found[1], "path": found[2]}
+            message, fds = json.dumps(answer).encode() + b"\n", [found[0]]
+        try:
+            # The asker reads each answer before it asks again: a few bytes always fit.
+            if socket.send_fds(self._connection, [message], fds) != len(message):
+                raise ConnectionError("a partial answer")
+        except OSError:
+            self.close()
 
 
 class FdClient:
@@ -109,56 +194,91 @@ class FdClient:
     def __init__(self, path: str) -> None:
         self.path = path
         self._idle: list[socket.socket] = []
-        self._lock = threading.Lock()
 
-    def open(self, bucket: str, key: str, etag: str, index: int) -> tuple[int, int] | None:
-        """(descriptor, length) of the chunk, now this process's own; None when the
-        sibling does not hold it. Blocking: call it on a thread. OSError when the
-        sibling cannot be reached."""
-        sock = self._connection()
+    async def open(self, bucket: str, key: str, etag: str, index: int) -> Handed | None:
+        """The chunk, its descriptor now this process's own; None when the sibling does
+        not hold it. OSError when the sibling cannot be reached or does not
+        answer within :data:`OPEN_TIMEOUT` (TimeoutError)."""
+        sock = self._idle.pop() if self._idle else await self._connect()
+        fds: list[int] = []
         try:
             request = {"bucket": bucket, "key": key, "etag": etag, "index": index}
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            data, fds, _, _ = socket.recv_fds(sock, 4096, 1)
-        except BaseException:
-            sock.close()
-            raise
-        answer = json.loads(data) if data.endswith(b"\n") else None
-        if answer is None:
+            line = json.dumps(request).encode() + b"\n"
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                if sock.send(line) != len(line):
+                    raise ConnectionError("the sibling's socket is full")
+                data = await _answer(sock, fds)
+            answer = json.loads(data)
+            length = int(answer["length"])
+            path = str(answer.get("path", "")) if length >= 0 else ""
+        except BaseException as exc:
             sock.close()
             for fd in fds:
                 os.close(fd)
-            raise ConnectionError("the sibling answered half a line")
+            if isinstance(exc, (ValueError, KeyError, TypeError)):
+                raise ConnectionError(f"the sibling answered {exc!r}") from exc
+            raise
         self._put_back(sock)
-        length = int(answer["length"])
         if length < 0 or not fds:
             for fd in fds:
                 os.close(fd)
             return None
-        return fds[0], length
+        for extra in fds[1:]:
+            os.close(extra)
+        return fds[0], length, path
 
-    def _connection(self) -> socket.socket:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
+    async def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(OPEN_TIMEOUT + 1)
+        sock.setblocking(False)
         try:
-            sock.connect(self.path)
+            await asyncio.get_running_loop().sock_connect(sock, self.path)
         except BaseException:
             sock.close()
             raise
         return sock
 
     def _put_back(self, sock: socket.socket) -> None:
-        with self._lock:
-            if len(self._idle) < 8:
-                self._idle.append(sock)
-                return
-        sock.close()
+        if len(self._idle) < MAX_IDLE:
+            self._idle.append(sock)
+        else:
+            sock.close()
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
+        idle, self._idle = self._idle, []
         for sock in idle:
             sock.close()
+
+
+async def _answer(sock: socket.socket, fds: list[int]) -> bytes:
+    """One answer line from `sock`, the descriptors that came with it added to `fds`."""
+    data = b""
+    while True:
+        try:
+            piece, got, _, _ = socket.recv_fds(sock, 4096, 1)
+        except (BlockingIOError, InterruptedError):
+            await _readable(sock)
+            continue
+        fds.extend(got)
+        if not piece:
+            raise ConnectionError("the sibling closed the connection")
+        data += piece
+        if data.endswith(b"\n"):
+            return data
+        if len(data) > MAX_REQUEST:
+            raise ConnectionError("the sibling's answer is too long")
+
+
+async def _readable(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = sock.fileno()
+    loop.add_reader(fd, _set, ready)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+def _set(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -137,11 +137,13 @@ async def descriptor_server(spec: WorkerSpec, cache: ChunkService) -> AsyncItera
         if obj is None or obj.meta.etag != etag or not cache.has_chunk(obj, index):
             return None
         reader = await cache.open_chunk(obj, index)
-        return None if reader is None else (reader.fd, reader.length, reader.close)
+        if reader is None:
+            return None
+        return reader.fd, reader.length, cache.chunk_path(obj, index), reader.close
 
     server = FdServer(spec.fd_socket(spec.index), opener, asyncio.get_running_loop())
     server.start()
     try:
         yield server
     finally:
-        await asyncio.to_thread(server.close)
+        await server.close()

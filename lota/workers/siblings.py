@@ -26,7 +26,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from lota.cache.source import SourceKind, SourceReply
 from lota.cache.store import ObjectMeta
 from lota.cluster.peers import PeerSource
-from lota.threads import run_in_thread
 from lota.workers.fds import FdClient
 
 log = logging.getLogger("lota.workers")
@@ -130,7 +129,7 @@ class SiblingSource:
             return kept
         chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
         try:
-            found = await run_in_thread(self._fds.open, *chunk, on_orphan=_close_orphan)
+            found = await self._fds.open(*chunk)
         except OSError as exc:
             log.debug("sibling %s did not hand over %r: %r", self.name, chunk, exc)
             return None
@@ -141,19 +140,16 @@ class SiblingSource:
             os.close(found[0])
             self._kept.move_to_end(chunk)
             return kept.use()
-        opened = OpenChunk(*found).use()  # in use before it is kept: never closed under us
+        fd, length, path = found
+        opened = OpenChunk(fd, length).use()  # in use before it is kept: never closed under us
         self._keep(chunk, opened)
-        self._remember(chunk, opened)
+        self._remember(chunk, path, length)
         return opened
 
-    def _remember(self, chunk: ChunkId, opened: OpenChunk) -> None:
-        try:
-            path = os.readlink(f"/proc/self/fd/{opened.fd}")
-        except OSError:
+    def _remember(self, chunk: ChunkId, path: str, length: int) -> None:
+        if not path.startswith("/"):
             return
-        if not path.startswith("/") or path.endswith(" (deleted)"):
-            return
-        self._paths[chunk] = (path, opened.length)
+        self._paths[chunk] = (path, length)
         self._paths.move_to_end(chunk)
         while len(self._paths) > self._max_kept * PATHS_PER_DESCRIPTOR:
             self._paths.popitem(last=False)
@@ -173,12 +169,6 @@ class SiblingSource:
         self._kept_bytes = 0
         self._paths.clear()
         self._fds.close()
-
-
-def _close_orphan(found: tuple[int, int] | None) -> None:
-    """A descriptor that arrived for an asker who left."""
-    if found is not None:
-        os.close(found[0])
 
 
 class _FromSibling:

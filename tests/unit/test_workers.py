@@ -4,8 +4,8 @@ from its workers', and the hand-over of chunk descriptors."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -72,11 +72,53 @@ def test_the_node_metrics_are_its_workers_added_up_except_the_ones_each_knows_wh
     assert b"# TYPE lota_requests_total counter" in merged
 
 
+async def test_siblings_hand_over_descriptors_on_their_event_loops(tmp_path: Path) -> None:
+    """Many askers at once over a few connections: each gets its own descriptor of the
+    chunk held, "not held" for another, a bad request line is answered "not held" without
+    breaking the connection, and nothing is left open on either side."""
+    chunk = tmp_path / "chunk"
+    chunk.write_bytes(b"y" * 100)
+    released: list[int] = []
+
+    async def opener(bucket: str, key: str, etag: str, index: int) -> fds.Opened | None:
+        await asyncio.sleep(0)
+        if key != "k":
+            return None
+        fd = os.open(chunk, os.O_RDONLY)
+        return fd, 100, str(chunk), lambda: (os.close(fd), released.append(fd))[0]
+
+    before = len(os.listdir("/proc/self/fd"))
+    server = fds.FdServer(str(tmp_path / "w.fds"), opener, asyncio.get_running_loop())
+    server.start()
+    client = fds.FdClient(server.path)
+    try:
+        got = await asyncio.gather(*(client.open("b", "k", "e", 0) for _ in range(20)))
+        assert all(found is not None and found[1:] == (100, str(chunk)) for found in got)
+        for found in got:
+            assert found is not None
+            assert os.pread(found[0], 100, 0) == b"y" * 100
+            os.close(found[0])
+        assert len(released) == 20
+        assert await client.open("b", "other", "e", 0) is None
+        reader, writer = await asyncio.open_unix_connection(server.path)
+        writer.write(b"not json\n" + json.dumps({"bucket": "b"}).encode() + b"\n")
+        assert await reader.readline() == b'{"length": -1}\n'
+        assert await reader.readline() == b'{"length": -1}\n'
+        writer.close()
+    finally:
+        client.close()
+        await server.close()
+    with pytest.raises(OSError):
+        await fds.FdClient(server.path).open("b", "k", "e", 0)
+    await asyncio.sleep(0.01)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 async def test_a_chunk_that_opens_after_the_asker_gave_up_is_released(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The owner took longer than OPEN_TIMEOUT to open the chunk: the asker hears "not
-    held", and the descriptor the late open produced is released, not leaked."""
+    """The owner took longer than OPEN_TIMEOUT to open the chunk: the asker gives up
+    (TimeoutError), and the descriptor the late open produced is released, not leaked."""
     monkeypatch.setattr(fds, "OPEN_TIMEOUT", 0.1)
     chunk = tmp_path / "chunk"
     chunk.write_bytes(b"x" * 100)
@@ -85,29 +127,30 @@ async def test_a_chunk_that_opens_after_the_asker_gave_up_is_released(
     async def slow_open(bucket: str, key: str, etag: str, index: int) -> fds.Opened:
         await asyncio.sleep(0.3)
         fd = os.open(chunk, os.O_RDONLY)
-        return fd, 100, lambda: (os.close(fd), released.set())[1]
+        return fd, 100, str(chunk), lambda: (os.close(fd), released.set())[1]
 
     server = fds.FdServer(str(tmp_path / "w.fds"), slow_open, asyncio.get_running_loop())
     server.start()
     client = fds.FdClient(server.path)
     try:
-        assert await asyncio.to_thread(client.open, "b", "k", "e", 0) is None
+        with pytest.raises(TimeoutError):
+            await client.open("b", "k", "e", 0)
         await asyncio.wait_for(released.wait(), 5)
     finally:
         client.close()
-        await asyncio.to_thread(server.close)
+        await server.close()
 
 
 class _SlowFds:
     """An FdClient that hands over a new descriptor of `path` for every request, slowly
-    (on the caller's thread), as a busy sibling does."""
+    as a busy sibling does."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def open(self, bucket: str, key: str, etag: str, index: int) -> tuple[int, int]:
-        time.sleep(0.05)
-        return os.open(self.path, os.O_RDONLY), 8 * 1024 * 1024
+    async def open(self, bucket: str, key: str, etag: str, index: int) -> fds.Handed:
+        await asyncio.sleep(0.05)
+        return os.open(self.path, os.O_RDONLY), 8 * 1024 * 1024, str(self.path)
 
     def close(self) -> None:
         pass
@@ -142,10 +185,10 @@ class _Handing:
         self.root = root
         self.asked: list[str] = []
 
-    def open(self, bucket: str, key: str, etag: str, index: int) -> tuple[int, int]:
+    async def open(self, bucket: str, key: str, etag: str, index: int) -> fds.Handed:
         self.asked.append(key)
         path = self.root / key
-        return os.open(path, os.O_RDONLY), path.stat().st_size
+        return os.open(path, os.O_RDONLY), path.stat().st_size, str(path)
 
     def close(self) -> None:
         pass

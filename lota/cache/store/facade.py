@@ -388,7 +388,7 @@ class CacheStore:
         return await self._fills.begin(obj, index) if self._ready else None
 
     def chunk_path(self, obj: CachedObject, index: int) -> str:
-        """The file of cached chunk `index` of `obj` (tests, admin)."""
+        """The file of cached chunk `index` of `obj`."""
         return self._table.path(obj.chunks[index])
 
     async def check_space(self) -> dict[int, int]:
