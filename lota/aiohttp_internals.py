@@ -89,6 +89,15 @@ def take_message(handler: RequestHandler) -> None:
         consumed()
 
 
+def resume_reading_if_drained(handler: RequestHandler) -> None:
+    """aiohttp (3.14) stops reading a connection once 32 parsed requests wait in its queue,
+    and reads again as its task takes them; requests taken at once must do the same, or a
+    client that pipelines more than that waits forever. Parses what it held back."""
+    paused = getattr(handler, "_buffer_paused", False)
+    if paused and len(handler._messages) <= getattr(handler, "_msg_queue_resume_size", 0):
+        handler._resume_reading_if_drained()
+
+
 def keep_alive_until(handler: RequestHandler, when: float) -> None:
     """aiohttp's own keep-alive timer must not close a connection that was just used."""
     handler._next_keepalive_close_time = when

@@ -37,6 +37,7 @@ from lota.aiohttp_internals import (
     next_bodiless,
     queued_requests,
     release_waiter,
+    resume_reading_if_drained,
     server_loop,
     take_message,
 )
@@ -74,9 +75,12 @@ class S3RequestHandler(GuardedRequestHandler):
         # From when aiohttp's task takes a request off the queue until its response is
         # written: a request answered at once meanwhile would overtake it.
         self.answering = False
+        # While requests aiohttp held back are parsed: they are answered by the loop that
+        # asked for them, not by a call within it.
+        self._resuming = False
 
     def data_received(self, data: bytes) -> None:
-        if self.answering or queued_requests(self) or self.writing_paused:
+        if self._resuming or self.answering or queued_requests(self) or self.writing_paused:
             super().data_received(data)
             return
         # The task may be asleep, waiting for a request: it stays so unless some are left
@@ -101,12 +105,18 @@ class S3RequestHandler(GuardedRequestHandler):
 
     def _answer_at_once(self) -> None:
         """Answer the queued requests `at_once` takes, from the first; stop at the first it
-        declines (it and the rest go to aiohttp's task, in order)."""
+        declines (it and the rest go to aiohttp's task, in order). When all were taken and
+        aiohttp had stopped reading (its queue was full), the requests it held back are
+        parsed and answered too."""
         answered = False
         transport = self.transport
         while transport is not None and not self.writing_paused:
             message = next_bodiless(self)
-            if message is None or message.should_close:
+            if message is None:
+                if queued_requests(self) or not self._parse_held_back():
+                    break
+                continue
+            if message.should_close:
                 break
             if self._remote is None:
                 self._remote = _remote(self.peername)
@@ -120,6 +130,15 @@ class S3RequestHandler(GuardedRequestHandler):
             now = handler_loop(self).time()
             keep_alive_until(self, now + self.keepalive_timeout)
             self.head_answered(now)
+
+    def _parse_held_back(self) -> bool:
+        """Parse requests aiohttp held back while its queue was full; True if any came."""
+        self._resuming = True
+        try:
+            resume_reading_if_drained(self)
+        finally:
+            self._resuming = False
+        return bool(queued_requests(self))
 
     def handle_error(
         self,

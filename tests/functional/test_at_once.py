@@ -6,6 +6,7 @@ that changed, and counted as every other response is."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -302,5 +303,31 @@ async def test_a_request_answered_again_is_refused_once_expired_and_never_stale(
             await asyncio.to_thread(s3.put_object, Bucket=bucket, Key="k", Body=b"two" * 50)
             status, _, body = await conn.get(request(url))
             assert (status, body) == (200, b"two" * 50)
+        finally:
+            conn.close()
+
+
+async def test_a_client_that_pipelines_hundreds_of_hits_gets_every_answer_in_order(
+    origin: str, origin_s3: Any, bucket: str, credentials_file: Path, tmp_path: Path
+) -> None:
+    """300 requests written before any answer is read (19 MiB of answers): aiohttp stops
+    reading a connection whose queue holds 32 parsed requests; the requests answered at
+    once must let it read on (they did not, and the client waited forever at the 33rd),
+    and the socket fills, so the answers after that wait their turn, in order."""
+    objects = {f"s{i}": os.urandom(64 * 1024) for i in range(4)}
+    for key, data in objects.items():
+        await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key=key, Body=data)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        urls = {key: presigned_get(node.url, bucket, key) for key in objects}
+        conn = await Connection.open(node.url)
+        try:
+            for url in urls.values():
+                await _until_hit(conn, url)
+            keys = [f"s{i % 4}" for i in range(300)]
+            conn.send(*(request(urls[key]) for key in keys))
+            await asyncio.sleep(0.5)
+            for n, key in enumerate(keys):
+                status, _, body = await conn.reply()
+                assert (status, body == objects[key]) == (200, True), (n, key)
         finally:
             conn.close()
