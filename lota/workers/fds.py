@@ -167,10 +167,12 @@ class _Asked:
         try:
             self._send(found)
         finally:
-            if found is not None:
-                found[3]()  # the message in flight holds its own reference to the file
-        self._answering = False
-        self._next()
+            try:
+                if found is not None:
+                    found[3]()  # the message in flight holds its own reference to the file
+            finally:  # whatever failed, the connection's next request is answered
+                self._answering = False
+                self._next()
 
     def _send(self, found: Opened | None) -> None:
         if self._connection.fileno() < 0:  # the asker gave up and left
@@ -194,18 +196,30 @@ class FdClient:
     def __init__(self, path: str) -> None:
         self.path = path
         self._idle: list[socket.socket] = []
+        self._closed = False
 
     async def open(self, bucket: str, key: str, etag: str, index: int) -> Handed | None:
         """The chunk, its descriptor now this process's own; None when the sibling does
         not hold it. OSError when the sibling cannot be reached or does not
         answer within :data:`OPEN_TIMEOUT` (TimeoutError)."""
-        sock = self._idle.pop() if self._idle else await self._connect()
+        request = {"bucket": bucket, "key": key, "etag": etag, "index": index}
+        line = json.dumps(request).encode() + b"\n"
+        while self._idle:
+            try:
+                return await self._ask(self._idle.pop(), line)
+            except _Stale:  # the sibling closed it while it was idle (it restarted)
+                continue
+        return await self._ask(await self._connect(), line)
+
+    async def _ask(self, sock: socket.socket, line: bytes) -> Handed | None:
         fds: list[int] = []
         try:
-            request = {"bucket": bucket, "key": key, "etag": etag, "index": index}
-            line = json.dumps(request).encode() + b"\n"
             async with asyncio.timeout(OPEN_TIMEOUT):
-                if sock.send(line) != len(line):
+                try:
+                    sent = sock.send(line)
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    raise _Stale() from exc
+                if sent != len(line):
                     raise ConnectionError("the sibling's socket is full")
                 data = await _answer(sock, fds)
             answer = json.loads(data)
@@ -238,15 +252,24 @@ class FdClient:
         return sock
 
     def _put_back(self, sock: socket.socket) -> None:
-        if len(self._idle) < MAX_IDLE:
+        if len(self._idle) < MAX_IDLE and not self._closed:
             self._idle.append(sock)
         else:
             sock.close()
 
     def close(self) -> None:
+        self._closed = True
         idle, self._idle = self._idle, []
         for sock in idle:
             sock.close()
+
+
+class _Stale(ConnectionError):
+    """The sibling closed the connection before it answered anything (a pooled connection
+    it closed while it was idle): the request can be asked again on a new one."""
+
+    def __init__(self) -> None:
+        super().__init__("the sibling closed the connection")
 
 
 async def _answer(sock: socket.socket, fds: list[int]) -> bytes:
@@ -260,7 +283,7 @@ async def _answer(sock: socket.socket, fds: list[int]) -> bytes:
             continue
         fds.extend(got)
         if not piece:
-            raise ConnectionError("the sibling closed the connection")
+            raise _Stale() if not data else ConnectionError("the sibling closed the connection")
         data += piece
         if data.endswith(b"\n"):
             return data

@@ -114,6 +114,59 @@ async def test_siblings_hand_over_descriptors_on_their_event_loops(tmp_path: Pat
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+async def test_an_asker_outlives_its_sibling_and_the_sibling_a_failing_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sibling that restarted closed the connections the asker keeps: the next request
+    is asked again on a new one, not failed. A release that raises does not leave the
+    connection's next request unanswered. An asker closed while a request is out keeps
+    no connection open after it."""
+    monkeypatch.setattr(fds, "OPEN_TIMEOUT", 2.0)
+    chunk = tmp_path / "chunk"
+    chunk.write_bytes(b"z" * 10)
+
+    async def opener(bucket: str, key: str, etag: str, index: int) -> fds.Opened | None:
+        fd = os.open(chunk, os.O_RDONLY)
+
+        def release() -> None:
+            os.close(fd)
+            if key == "fails":
+                raise RuntimeError("a release that fails")
+
+        return fd, 10, str(chunk), release
+
+    loop = asyncio.get_running_loop()
+    path = str(tmp_path / "w.fds")
+    before = len(os.listdir("/proc/self/fd"))
+    server = fds.FdServer(path, opener, loop)
+    server.start()
+    client = fds.FdClient(path)
+    got = await client.open("b", "fails", "e", 0)  # the release raises after the answer
+    assert got is not None
+    os.close(got[0])
+    got = await asyncio.wait_for(client.open("b", "k", "e", 0), 1)  # same connection
+    assert got is not None
+    os.close(got[0])
+    await server.close()
+    server = fds.FdServer(path, opener, loop)  # the sibling, restarted
+    server.start()
+    try:
+        got = await client.open("b", "k", "e", 0)
+        assert got is not None and os.pread(got[0], 10, 0) == b"z" * 10
+        os.close(got[0])
+        asking = asyncio.ensure_future(client.open("b", "k", "e", 0))
+        await asyncio.sleep(0)
+        client.close()
+        got = await asking
+        assert got is not None
+        os.close(got[0])
+    finally:
+        client.close()
+        await server.close()
+    await asyncio.sleep(0.01)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 async def test_a_chunk_that_opens_after_the_asker_gave_up_is_released(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
