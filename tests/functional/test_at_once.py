@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,13 +42,16 @@ def answered(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 @asynccontextmanager
-async def _node(origin: str, credentials: Path, cache: Path) -> AsyncIterator[InProcessNode]:
+async def _node(
+    origin: str, credentials: Path, cache: Path, **more: str
+) -> AsyncIterator[InProcessNode]:
     settings = {
         "origin": origin,
         "auth.mode": "sigv4",
         "auth.credentials": str(credentials),
         "cache.dirs": [str(cache)],
         "cache.revalidate_after": "1h",
+        **more,
     }
     async with running_node(node_config(settings)) as node:
         yield node
@@ -59,10 +64,10 @@ class Connection:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, url: str) -> Connection:
+    async def open(cls, url: str, tls: ssl.SSLContext | None = None) -> Connection:
         parts = urlsplit(url)
         assert parts.hostname is not None
-        return cls(*await asyncio.open_connection(parts.hostname, parts.port))
+        return cls(*await asyncio.open_connection(parts.hostname, parts.port, ssl=tls))
 
     def send(self, *requests: bytes) -> None:
         self.writer.write(b"".join(requests))
@@ -331,3 +336,38 @@ async def test_a_client_that_pipelines_hundreds_of_hits_gets_every_answer_in_ord
                 assert (status, body == objects[key]) == (200, True), (n, key)
         finally:
             conn.close()
+
+
+async def test_over_tls_hits_are_answered_at_once_too(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    answered: list[bool],
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    data = os.urandom(64 * 1024)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="t", Body=data)
+    tls = ssl.create_default_context(cafile=str(cert))
+    tls.check_hostname = False
+    async with _node(
+        origin, credentials_file, tmp_path / "cache", tls_cert=str(cert), tls_key=str(key)
+    ) as node:
+        url = presigned_get(node.url.replace("http://", "https://"), bucket, "t")
+        conn = await Connection.open(url, tls)
+        try:
+            await _until_hit(conn, url)
+            answered.clear()
+            for _ in range(20):
+                status, headers, body = await conn.get(request(url))
+                assert (status, dict(headers)["x-lota-cache"], body == data) == (200, "HIT", True)
+        finally:
+            conn.close()
+    assert answered == [True] * 20
