@@ -74,8 +74,9 @@ class Cluster:
             chunk_key(meta.bucket, meta.key, meta.etag, index), OWNERS_ASKED
         )
 
-    def is_ready(self) -> bool:
-        return self.ready
+    def waiting(self) -> str:
+        """What the cluster waits for before this node can serve ("" once it can)."""
+        return "" if self.ready else "waiting for the cluster's members to be listed"
 
     def usable(self, member: str) -> bool:
         """Whether `member` may be asked now."""

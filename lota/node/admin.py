@@ -2,9 +2,9 @@
 
 =============================  ==========================================================
 ``GET /_lota/healthz``         the process answers (liveness)
-``GET /_lota/readyz``          200 while serving, 503 before start, before the cluster's
-                               members are known, while this node's staging cannot take
-                               writes (saying why), and once draining
+``GET /_lota/readyz``          200 while serving; 503 saying why: starting, waiting for
+                               the sibling workers or the cluster's members, this node's
+                               staging unable to take writes, draining
 ``GET /_lota/metrics``         Prometheus text, summed over the node's workers
 ``POST /_lota/warm``           fill the cache with a prefix; progress as JSON lines
 ``GET|PUT /_lota/lifecycle/rules``  the lifecycle rules, versioned, as JSON (with a catalog,
@@ -77,7 +77,15 @@ class Admin:
     def ready(self) -> bool:
         """Whether the node serves: started and not draining, its cache ready, its
         staging taking writes."""
-        return self._drain.ready and self._cache.ready() and not self._problem()
+        return not self.not_ready()
+
+    def not_ready(self) -> str:
+        """Why the node does not serve now ("" when it does)."""
+        if self._drain.draining:
+            return "draining"
+        if not self._drain.ready:
+            return "starting"
+        return self._cache.waiting() or self._problem()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
@@ -103,13 +111,11 @@ class Admin:
         raise S3Error("InvalidRequest", f"Unknown LOTA admin call {path!r}.", status=404)
 
     def _readyz(self) -> web.Response:
-        """200 "ready", or 503 "not ready" and, when it is known, why."""
-        if self.ready():
+        """200 "ready", or 503 "not ready: " and why."""
+        why = self.not_ready()
+        if not why:
             return web.Response(text="ready\n")
-        problem = self._problem()
-        return web.Response(
-            text=f"not ready: {problem}\n" if problem else "not ready\n", status=503
-        )
+        return web.Response(text=f"not ready: {why}\n", status=503)
 
     async def _lifecycle_rules(self, request: web.BaseRequest) -> web.StreamResponse:
         """``GET``/``PUT /_lota/lifecycle/rules``: the lifecycle rules and their version, as

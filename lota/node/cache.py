@@ -178,10 +178,12 @@ async def build_cache(
 
             feature = replace(feature, peer=endpoint.handle)
         if siblings is not None and tell_siblings is not None:
-            feature = replace(feature, ready=siblings.is_met, tell_siblings=tell_siblings)
+            feature = replace(feature, waiting=siblings.waiting, tell_siblings=tell_siblings)
         if cluster is not None:
             feature = replace(
-                feature, ready=_all(feature.ready, cluster.is_ready), tell_nodes=cluster.invalidate
+                feature,
+                waiting=_first(feature.waiting, cluster.waiting),
+                tell_nodes=cluster.invalidate,
             )
         yield feature
 
@@ -239,9 +241,9 @@ async def build_cluster(config: Config, metrics: Metrics) -> AsyncIterator[Clust
             await tasks.close()
 
 
-def _all(*checks: Callable[[], bool]) -> Callable[[], bool]:
-    """True when every check is."""
-    return lambda: all(check() for check in checks)
+def _first(*waits: Callable[[], str]) -> Callable[[], str]:
+    """What the first of `waits` that waits for something waits for ("" when none)."""
+    return lambda: next((why for wait in waits if (why := wait())), "")
 
 
 def _sibling_peers(siblings: Siblings, config: Config, metrics: Metrics) -> PeerClient:

@@ -48,8 +48,8 @@ async def _tell_nobody(bucket: str, keys: list[str]) -> None:
     pass
 
 
-def _always() -> bool:
-    return True
+def _not_waiting() -> str:
+    return ""
 
 
 def _no_etag(bucket: str, key: str) -> str:
@@ -84,9 +84,9 @@ class CacheFeature:
     tell_nodes: Callable[[str, list[str]], Awaitable[None]] = _tell_nobody
     """Have every other node of the cluster drop its cached copies of these keys (when no
     catalog carries the news)."""
-    ready: Callable[[], bool] = _always
-    """Whether the cache can serve: its index is loaded, every sibling worker has answered
-    once, and in a cluster the members are known."""
+    waiting: Callable[[], str] = _not_waiting
+    """What the cache waits for before it can serve ("" once it can): every sibling worker
+    to answer once, in a cluster the members to be known."""
     cached_etag: Callable[[str, str], str] = _no_etag
     """The ETag of this node's cached copy of (bucket, key); "" when it has none."""
     writes: WriteCache = field(default_factory=WriteCache.off)

@@ -61,16 +61,18 @@ class Siblings:
         }
         self.met = False
         """Whether every sibling has answered once (or :data:`MEET_TIMEOUT` passed)."""
+        self._unmet = set(self.sessions)
 
     async def meet(self) -> None:
         """Ask each sibling's ``/_lota/healthz`` until it answers, up to
         :data:`MEET_TIMEOUT` in all; then :attr:`met`."""
 
-        async def one(session: aiohttp.ClientSession) -> None:
+        async def one(k: str, session: aiohttp.ClientSession) -> None:
             while True:
                 try:
                     async with session.get("http://localhost/_lota/healthz") as response:
                         if response.status == 200:
+                            self._unmet.discard(k)
                             return
                 except (aiohttp.ClientError, OSError):
                     pass  # not listening yet
@@ -78,7 +80,7 @@ class Siblings:
 
         try:
             async with asyncio.timeout(MEET_TIMEOUT):
-                await asyncio.gather(*(one(s) for s in self.sessions.values()))
+                await asyncio.gather(*(one(k, s) for k, s in self.sessions.items()))
         except TimeoutError:
             log.warning(
                 "not every sibling worker answered within %.0f s: serving without them",
@@ -86,8 +88,12 @@ class Siblings:
             )
         self.met = True
 
-    def is_met(self) -> bool:
-        return self.met
+    def waiting(self) -> str:
+        """What this worker waits for before it serves ("" once every sibling answered)."""
+        if self.met:
+            return ""
+        unmet = ", ".join(sorted(self._unmet))
+        return f"waiting for sibling workers to answer: {unmet}"
 
     @property
     def indexes(self) -> list[int]:

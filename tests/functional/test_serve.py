@@ -178,7 +178,7 @@ async def test_after_sigterm_readyz_answers_503_while_a_slow_request_drains(
         node.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         probes = await asyncio.to_thread(_probe, node.url, "/_lota/readyz", "/_lota/healthz")
-        assert probes == [(503, b"not ready\n"), (200, b"ok\n")]
+        assert probes == [(503, b"not ready: draining\n"), (200, b"ok\n")]
         assert "lota_ready 0.0" in (await asyncio.to_thread(node.metrics)).splitlines()
         # A new S3 request during the drain: 503, and the connection is not kept.
         with pytest.raises(s3.exceptions.ClientError) as err:

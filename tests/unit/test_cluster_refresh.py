@@ -50,10 +50,11 @@ async def test_a_node_is_ready_once_dns_names_its_members_and_follows_them() -> 
     cluster, metrics, session = await _cluster(records, grace=0.2)
     async with session:
         await cluster.refresh()
-        assert not cluster.ready  # no members known yet: /_lota/readyz says 503
+        # No members known yet: /_lota/readyz says 503, and why.
+        assert cluster.waiting() == "waiting for the cluster's members to be listed"
         records.answer = [ME, B, C]
         await cluster.refresh()
-        assert cluster.ready and cluster.others() == [B, C]
+        assert cluster.waiting() == "" and cluster.others() == [B, C]
         assert _value(metrics, "lota_cluster_owners") == 3
         assert _value(metrics, "lota_cluster_ownership_changes_total") == 0  # the first table
         key = chunk_key("b", "k", '"e"', 0)

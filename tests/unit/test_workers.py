@@ -311,19 +311,20 @@ async def test_a_worker_is_ready_once_its_siblings_answer(
         async with sibling_sessions(spec) as found:
             await answer(1)
             await asyncio.sleep(0.3)
-            assert not found.is_met()  # worker-2 is still starting
+            # worker-2 is still starting: readyz says so
+            assert found.waiting() == "waiting for sibling workers to answer: worker-2"
             await answer(2)
             for _ in range(100):
-                if found.is_met():
+                if not found.waiting():
                     break
                 await asyncio.sleep(0.02)
-            assert found.is_met()
+            assert found.waiting() == ""
         # A sibling that never answers holds a worker back for MEET_TIMEOUT only.
         monkeypatch.setattr("lota.workers.node.MEET_TIMEOUT", 0.2)
         alone = WorkerSpec(index=0, count=2, listen_fd=-1, run_dir=str(tmp_path / "x"), secret="")
         async with sibling_sessions(alone) as found:
             await asyncio.sleep(0.5)
-            assert found.is_met()
+            assert not found.waiting()
     finally:
         for runner in runners:
             await runner.cleanup()
