@@ -138,7 +138,9 @@ class _Asked:
             self.close()
             return
         self._buffer += data
-        if len(self._buffer) > MAX_REQUEST and b"\n" not in self._buffer:
+        # An asker sends its next request once it has the answer to the last: more than
+        # one request's worth waiting here is no asker of ours.
+        if len(self._buffer) > MAX_REQUEST:
             self.close()
             return
         self._next()

@@ -105,6 +105,15 @@ async def test_siblings_hand_over_descriptors_on_their_event_loops(tmp_path: Pat
         assert await reader.readline() == b'{"length": -1}\n'
         assert await reader.readline() == b'{"length": -1}\n'
         writer.close()
+        # One that writes requests on and on without reading the answers is let go.
+        reader, writer = await asyncio.open_unix_connection(server.path)
+        writer.write(b"not json\n" * (fds.MAX_REQUEST // 4))
+        try:
+            rest = await asyncio.wait_for(reader.read(), 5)  # closed, not answered on
+        except ConnectionResetError:
+            rest = b""
+        assert rest.count(b"\n") <= 1
+        writer.close()
     finally:
         client.close()
         await server.close()
