@@ -300,13 +300,13 @@ class Filler:
         learnt: asyncio.Future[CachedObject | OriginReply],
     ) -> None:
         try:
-            epoch = self.store.epoch
+            asked = time.monotonic()
             async with source.head(bucket, key) as reply:
                 if reply.status != 200:
                     learnt.set_result(OriginReply(reply.status, list(reply.headers.items()), b""))
                     return
                 meta = object_meta(bucket, key, reply, checked_at(reply, self._clock.time()))
-            learnt.set_result(await self.store.admit(meta, since=epoch))
+            learnt.set_result(await self.store.admit(meta, since=asked))
         except asyncio.CancelledError:
             learnt.set_exception(OriginError("metadata request cancelled"))
             raise
@@ -404,7 +404,7 @@ class Filler:
             job.claimed = job.claimed[held[0] : held[-1] + 1]
             job.first, job.last = job.claimed[0][0], job.claimed[-1][0]
             job.at = job.first
-        epoch = self.store.epoch
+        asked = time.monotonic()
         wanted = ColdFetch(job.first, job.last, job.suffix).byte_range(self.chunk_size)
         async with source.get(job.bucket, job.key, byte_range=wanted, if_match=if_match) as reply:
             if reply.status not in (200, 206):
@@ -426,7 +426,7 @@ class Filler:
                 raise OriginError(f"{source.name} answered bytes from {begins}, not those asked")
             meta = object_meta(job.bucket, job.key, reply, self._clock.time())
             if job.known is None:
-                obj = await self.store.admit(meta, since=epoch)
+                obj = await self.store.admit(meta, since=asked)
                 self._register(job, obj)
                 del self._cold[(job.bucket, job.key)]
             else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -204,7 +205,7 @@ class ReadPath:
         self, source: ChunkSource, obj: CachedObject
     ) -> tuple[CachedObject | None, str]:
         m = obj.meta
-        epoch = self.cache.epoch
+        asked = time.monotonic()
         try:
             async with source.head(m.bucket, m.key, if_none_match=m.etag) as reply:
                 status = reply.status
@@ -225,10 +226,10 @@ class ReadPath:
         if status == 304 or (fresh is not None and fresh.etag == m.etag):
             self._metrics.cache_revalidations.labels("unchanged").inc()
             refreshed = replace(m, validated_at=self._clock.time())
-            return await self.cache.admit(refreshed, since=epoch), "HIT"
+            return await self.cache.admit(refreshed, since=asked), "HIT"
         if fresh is not None:
             self._metrics.cache_revalidations.labels("changed").inc()
-            return await self.cache.admit(fresh, since=epoch), "MISS"
+            return await self.cache.admit(fresh, since=asked), "MISS"
         if status == 404:
             self._metrics.cache_revalidations.labels("gone").inc()
             await self.cache.invalidate(m.bucket, m.key)

@@ -32,17 +32,12 @@ class ChunkService:
 
     # -- what is held -------------------------------------------------------------------
 
-    @property
-    def epoch(self) -> int:
-        """Changes whenever an entry is replaced or dropped: an admission ``since`` an
-        epoch loses to any change made meanwhile."""
-        return self._store.epoch
-
     def lookup(self, bucket: str, key: str) -> CachedObject | None:
         return self._store.lookup(bucket, key)
 
-    async def admit(self, meta: ObjectMeta, since: int | None = None) -> CachedObject:
-        """Keep `meta` as the entry of its (bucket, key), unless it changed `since`."""
+    async def admit(self, meta: ObjectMeta, since: float | None = None) -> CachedObject:
+        """Keep `meta` as the entry of its (bucket, key); unvalidated if an entry was dropped
+        or replaced `since` (``time.monotonic()`` when the origin was asked)."""
         return await self._store.admit(meta, since=since)
 
     async def invalidate(self, bucket: str, key: str, keep: str = "") -> None:

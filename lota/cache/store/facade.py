@@ -163,9 +163,10 @@ class CacheStore:
             counts=counts,
         )
         self._tasks = TaskGroup("cache")
-        # Bumped by every invalidation: an origin answer that set out before one may
-        # describe what the write replaced (see admit's `since`).
-        self.epoch = 0
+        # When an entry was last dropped or replaced, by ``time.monotonic()`` (one clock for
+        # every process of the machine): an origin answer asked for before that may describe
+        # what a write replaced (see admit's `since`).
+        self.changed_at = 0.0
         self._ready = False
 
     # Lifecycle
@@ -275,17 +276,17 @@ class CacheStore:
     def lookup(self, bucket: str, key: str) -> CachedObject | None:
         return self._table.lookup(bucket, key)
 
-    async def admit(self, meta: ObjectMeta, since: int | None = None) -> CachedObject:
+    async def admit(self, meta: ObjectMeta, since: float | None = None) -> CachedObject:
         """Insert or refresh the entry for `meta`. The same ETag/version keeps the chunks and
         takes the new metadata (validated_at, parts, headers; checksums and parts it lacks
         are kept: see :meth:`ObjectMeta.updated_by`); another one replaces them.
 
-        `since` is :attr:`epoch` as it was when the origin was asked for `meta`: if anything
-        was invalidated since, `meta` may predate a write, so the entry is checked with the
-        origin before its next use."""
+        `since` is when the origin was asked for `meta` (``time.monotonic()``, in this
+        process or another of the machine's): if anything was invalidated since, `meta` may
+        predate a write, so the entry is checked with the origin before its next use."""
         if meta.size < 0:
             raise ValueError(f"object size must not be negative: {meta.size}")
-        if since is not None and since != self.epoch:
+        if since is not None and since <= self.changed_at:
             meta = replace(meta, validated_at=0.0)
         current = self.lookup(meta.bucket, meta.key)
         if current is not None and current.meta.same_object(meta):
@@ -311,7 +312,7 @@ class CacheStore:
         invalidated) or is not `meta`'s size."""
         if not obj.alive or obj.meta.size != meta.size:
             return None
-        self.epoch += 1
+        self.changed_at = time.monotonic()
         current = self.lookup(meta.bucket, meta.key)
         if current is not None and current is not obj:
             self._table.forget(current)
@@ -322,7 +323,7 @@ class CacheStore:
 
     async def invalidate(self, bucket: str, key: str) -> None:
         """Drop the entry and its chunks (writes and deletes through LOTA call this)."""
-        self.epoch += 1
+        self.changed_at = time.monotonic()
         obj = self.lookup(bucket, key)
         if obj is not None:
             self._table.forget(obj)
