@@ -391,6 +391,15 @@ class Metrics:
             "Chunk bytes relayed to the other workers (not in lota_bytes_out)",
             registry=r,
         )
+        self.worker_news = Counter(
+            "lota_worker_news",
+            "What this worker learnt and told the other workers of its node (an object's "
+            "metadata, a chunk it cached; one per sibling told), by result: sent, dropped "
+            "(too much waiting), unsent (the sibling did not answer); and what it heard from "
+            "them: heard, refused (malformed)",
+            ["result"],
+            registry=r,
+        )
         self.workers = Gauge(
             "lota_workers",
             "Worker processes whose metrics are in this answer (the node's workers that "

@@ -18,7 +18,7 @@ from lota.cache.fill import ChunkFill, Filler, FillJob, OriginReply
 from lota.cache.intake import Intake, start_intake
 from lota.cache.plan import chunk_span
 from lota.cache.source import ByteSource, ChunkSource
-from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta
+from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta, Watcher
 
 
 class ChunkService:
@@ -32,13 +32,20 @@ class ChunkService:
 
     # -- what is held -------------------------------------------------------------------
 
+    def watch(self, watcher: Watcher | None) -> None:
+        """Have `watcher` told what the store learns (None: nobody)."""
+        self._store.watcher = watcher
+
     def lookup(self, bucket: str, key: str) -> CachedObject | None:
         return self._store.lookup(bucket, key)
 
-    async def admit(self, meta: ObjectMeta, since: float | None = None) -> CachedObject:
+    async def admit(
+        self, meta: ObjectMeta, since: float | None = None, *, tell: bool = True
+    ) -> CachedObject:
         """Keep `meta` as the entry of its (bucket, key); unvalidated if an entry was dropped
-        or replaced `since` (``time.monotonic()`` when the origin was asked)."""
-        return await self._store.admit(meta, since=since)
+        or replaced `since` (``time.monotonic()`` when the origin was asked). `tell`: see
+        :meth:`lota.cache.store.CacheStore.admit`."""
+        return await self._store.admit(meta, since=since, tell=tell)
 
     async def invalidate(self, bucket: str, key: str, keep: str = "") -> None:
         """Drop the entry of (bucket, key), unless it is version `keep` (an ETag): the

@@ -48,6 +48,7 @@ from lota.regions.origins import Origins
 from lota.regions.source import OriginSource
 from lota.tasks import TaskGroup
 from lota.workers.fds import FdClient
+from lota.workers.news import News
 from lota.workers.node import Siblings, descriptor_server, worker_name
 from lota.workers.placement import Local
 from lota.workers.siblings import SiblingSource
@@ -85,26 +86,11 @@ async def build_cache(
         sources = {region: OriginSource(origin, metrics) for region, origin in origins.items()}
         alone = {region: Alone(service, source) for region, source in sources.items()}
         local: Mapping[str, NodePlacement] = alone
+        peers = None
         if siblings is not None:
-            await stack.enter_async_context(descriptor_server(siblings.spec, service))
-            peers = _sibling_peers(siblings, config, metrics)
-            kept = open_chunk_limit() // len(siblings.indexes)
-            sibling_sources = {
-                k: SiblingSource(
-                    k, peers.source(worker_name(k)), FdClient(siblings.spec.fd_socket(k)), kept
-                )
-                for k in siblings.indexes
-            }
-            for source in sibling_sources.values():
-                stack.callback(source.close)
-            shared = RemoteFills(peers, fills)
-            usable = _usable(peers.membership)
-            local = {
-                region: Local(
-                    service, src, siblings.spec.index, sibling_sources, shared, usable, metrics
-                )
-                for region, src in sources.items()
-            }
+            local, peers = await stack.enter_async_context(
+                _over_workers(siblings, service, sources, config, metrics, fills)
+            )
         placements: Mapping[str, Placement] = local
         cluster = None
         if config.cluster.on:
@@ -160,7 +146,7 @@ async def build_cache(
             cached_etag=cached_etag,
             writes=WriteCache(service, reads.serve_version, metrics.cache_written_bytes),
         )
-        tell_siblings = _tell(peers, siblings.indexes) if siblings is not None else None
+        tell_siblings = _tell(peers, siblings.indexes) if siblings and peers else None
         secret = config.cluster.secret or (siblings.spec.secret if siblings else "")
         if secret:
             sender = Deliverer(service, metrics, sent=metrics.peer_served_bytes)
@@ -186,6 +172,45 @@ async def build_cache(
                 tell_nodes=cluster.invalidate,
             )
         yield feature
+
+
+@asynccontextmanager
+async def _over_workers(
+    siblings: Siblings,
+    service: ChunkService,
+    sources: Mapping[str, OriginSource],
+    config: Config,
+    metrics: Metrics,
+    fills: TaskGroup,
+) -> AsyncIterator[tuple[dict[str, NodePlacement], PeerClient]]:
+    """Each region's placement over this node's workers, and the signed calls to them: the
+    siblings' chunks opened from them, this worker's handed to them, and what each learns
+    told the others (:class:`News`). Closed on exit."""
+    async with AsyncExitStack() as stack:
+        peers = _sibling_peers(siblings, config, metrics)
+        kept = open_chunk_limit() // len(siblings.indexes)
+        fd_clients = {k: FdClient(siblings.spec.fd_socket(k)) for k in siblings.indexes}
+        sibling_sources = {
+            k: SiblingSource(k, peers.source(worker_name(k)), fd_clients[k], kept)
+            for k in siblings.indexes
+        }
+        for source in sibling_sources.values():
+            stack.callback(source.close)
+        news = News(siblings.spec.index, service, sibling_sources, fd_clients, metrics)
+        stack.push_async_callback(news.close)
+        service.watch(news)
+        stack.callback(service.watch, None)
+        await stack.enter_async_context(descriptor_server(siblings.spec, service, news.hear))
+        shared = RemoteFills(peers, fills)
+        usable = _usable(peers.membership)
+        me = siblings.spec.index
+        yield (
+            {
+                region: Local(service, src, me, sibling_sources, shared, usable, metrics)
+                for region, src in sources.items()
+            },
+            peers,
+        )
 
 
 @asynccontextmanager

@@ -3,7 +3,9 @@
 The worker that owns a chunk answers on its ``worker-K.fds`` Unix socket: one JSON line
 asks for a chunk, ``{"bucket", "key", "etag", "index"}``; the answer is one JSON line,
 ``{"length": N, "path": P}`` with the chunk file's descriptor attached, or ``{"length": -1}``
-when it does not hold that chunk of that version. The asking worker then sends the bytes to its
+when it does not hold that chunk of that version. (A line ``{"from": K, "news": [...]}``
+is what a sibling learnt, :mod:`lota.workers.news`, answered ``{"length": -1}`` once heard.)
+The asking worker then sends the bytes to its
 client with ``sendfile`` from its own copy of the descriptor: the file's blocks stay
 readable through it even if the owner evicts the chunk meanwhile (its bytes never change:
 a chunk belongs to one version of one object).
@@ -44,6 +46,8 @@ ACCEPT_PAUSE = 0.1
 Opened = tuple[int, int, str, Callable[[], None]]
 Opener = Callable[[str, str, str, int], Coroutine[Any, Any, Opened | None]]
 """(bucket, key, etag, index) -> (descriptor, length, path, release) of a chunk held, or None."""
+Hearer = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
+"""Takes a sibling's news (the line, parsed)."""
 Handed = tuple[int, int, str]
 """A chunk handed over: (descriptor, now the asker's own; length; the file's path)."""
 
@@ -51,7 +55,13 @@ Handed = tuple[int, int, str]
 class FdServer:
     """Answers siblings' requests for chunk descriptors on a Unix socket."""
 
-    def __init__(self, path: str, opener: Opener, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        path: str,
+        opener: Opener,
+        loop: asyncio.AbstractEventLoop,
+        hear: Hearer | None = None,
+    ) -> None:
         self.path = path
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -64,6 +74,7 @@ class FdServer:
             raise
         self._listener.setblocking(False)
         self._opener = opener
+        self._hear = hear
         self._loop = loop
         self._asked: set[_Asked] = set()
         self._answers = TaskGroup("fds")
@@ -112,6 +123,7 @@ class _Asked:
     ) -> None:
         self._connection = connection
         self._opener = server._opener
+        self._hear = server._hear
         self._loop = server._loop
         self._answers = server._answers
         self._registry = registry
@@ -160,12 +172,16 @@ class _Asked:
         found: Opened | None = None
         try:
             asked = json.loads(line)
-            wanted = (str(asked["bucket"]), str(asked["key"]), str(asked["etag"]))
-            found = await self._opener(*wanted, int(asked["index"]))
+            if "news" in asked:
+                if self._hear is not None:
+                    await self._hear(asked)
+            else:
+                wanted = (str(asked["bucket"]), str(asked["key"]), str(asked["etag"]))
+                found = await self._opener(*wanted, int(asked["index"]))
         except asyncio.CancelledError:
             raise
         except Exception:  # a bad line, a failing store: this chunk is just not handed over
-            log.debug("chunk descriptor request failed", exc_info=True)
+            log.debug("chunk descriptor request or news failed", exc_info=True)
         try:
             self._send(found)
         finally:
@@ -205,7 +221,16 @@ class FdClient:
         not hold it. OSError when the sibling cannot be reached or does not
         answer within :data:`OPEN_TIMEOUT` (TimeoutError)."""
         request = {"bucket": bucket, "key": key, "etag": etag, "index": index}
-        line = json.dumps(request).encode() + b"\n"
+        return await self._request(json.dumps(request).encode() + b"\n")
+
+    async def tell(self, news: bytes) -> None:
+        """Send `news` (one line, :mod:`lota.workers.news`) and wait until it is heard.
+        OSError as for :meth:`open`."""
+        handed = await self._request(news)
+        if handed is not None:
+            os.close(handed[0])
+
+    async def _request(self, line: bytes) -> Handed | None:
         while self._idle:
             try:
                 return await self._ask(self._idle.pop(), line)

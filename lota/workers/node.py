@@ -18,7 +18,7 @@ import aiohttp
 
 from lota.cache.service import ChunkService
 from lota.tasks import TaskGroup
-from lota.workers.fds import FdServer, Opened
+from lota.workers.fds import FdServer, Hearer, Opened
 from lota.workers.spec import WorkerSpec
 
 log = logging.getLogger("lota.workers")
@@ -135,8 +135,11 @@ async def siblings(spec: WorkerSpec) -> AsyncIterator[Siblings]:
 
 
 @asynccontextmanager
-async def descriptor_server(spec: WorkerSpec, cache: ChunkService) -> AsyncIterator[FdServer]:
-    """Answer the siblings' requests for the chunks this worker holds (zero-copy sends)."""
+async def descriptor_server(
+    spec: WorkerSpec, cache: ChunkService, hear: Hearer
+) -> AsyncIterator[FdServer]:
+    """Answer the siblings' requests for the chunks this worker holds (zero-copy sends),
+    and hear their news."""
 
     async def opener(bucket: str, key: str, etag: str, index: int) -> Opened | None:
         obj = cache.lookup(bucket, key)
@@ -147,7 +150,7 @@ async def descriptor_server(spec: WorkerSpec, cache: ChunkService) -> AsyncItera
             return None
         return reader.fd, reader.length, cache.chunk_path(obj, index), reader.close
 
-    server = FdServer(spec.fd_socket(spec.index), opener, asyncio.get_running_loop())
+    server = FdServer(spec.fd_socket(spec.index), opener, asyncio.get_running_loop(), hear)
     server.start()
     try:
         yield server

@@ -4,15 +4,16 @@ A :class:`SiblingSource` is one sibling worker: chunks it holds are opened throu
 descriptor socket (:mod:`lota.workers.fds`) and sent from here zero-copy; chunks it does
 not hold are read from its peer endpoint over its HTTP Unix socket, where it fills them
 once for everyone (:class:`lota.cluster.peers.PeerSource`). Descriptors are kept, the most
-recently used ones, so a hot chunk is asked for once per worker: as many as the store keeps
-of its own (:func:`lota.cache.store.open_chunk_limit`, shared by the siblings), so that a
-hot set a worker reads from its own descriptors is read from its siblings' alike. Each
-kept descriptor pins its file's blocks (an evicted chunk's space returns once it is
-closed), so they are bounded in bytes too. Beyond them, the paths of chunks handed over
-before are remembered (:data:`PATHS_PER_DESCRIPTOR` times as many): such a chunk is opened
-again here, on the loop, as the store reopens its own (a file that is gone, or of another
-length, is asked for again). The files of a node's workers are on the same drives, a
-chunk's path names its version, and chunks are published whole under it.
+recently used ones, so a hot chunk is asked for at most once per worker: as many as the
+store keeps of its own (:func:`lota.cache.store.open_chunk_limit`, shared by the
+siblings), so that a hot set a worker reads from its own descriptors is read from its
+siblings' alike. Each kept descriptor pins its file's blocks (an evicted chunk's space
+returns once it is closed), so they are bounded in bytes too. Beyond them, the paths of
+chunks handed over before, or that the sibling said it published
+(:mod:`lota.workers.news`), are remembered (:data:`PATHS_PER_DESCRIPTOR` times as many):
+such a chunk is opened here, on the loop, as the store reopens its own (a file that is
+gone, or of another length, is asked for). The files of a node's workers are on the same
+drives, a chunk's path names its version, and chunks are published whole under it.
 """
 
 from __future__ import annotations
@@ -143,10 +144,12 @@ class SiblingSource:
         fd, length, path = found
         opened = OpenChunk(fd, length).use()  # in use before it is kept: never closed under us
         self._keep(chunk, opened)
-        self._remember(chunk, path, length)
+        self.remember(chunk, path, length)
         return opened
 
-    def _remember(self, chunk: ChunkId, path: str, length: int) -> None:
+    def remember(self, chunk: ChunkId, path: str, length: int) -> None:
+        """The sibling holds `chunk` in file `path`, `length` bytes long (it handed the
+        chunk over, or said so: :mod:`lota.workers.news`): opened here when read."""
         if not path.startswith("/"):
             return
         self._paths[chunk] = (path, length)

@@ -142,6 +142,41 @@ def test_the_node_asks_the_origin_what_an_object_is_once_whichever_workers_read_
     assert _metric(node, "lota_cache_revalidations_total") == 0
 
 
+def _total(node: LotaProcess, family: str, labels: str = "") -> float:
+    """The sum of a family's samples (those whose labels include `labels`)."""
+    found = re.findall(rf"^{re.escape(family)}\{{([^}}]*)\}} (\S+)$", node.metrics(), re.M)
+    return sum(float(value) for got, value in found if labels in got)
+
+
+def test_a_worker_tells_the_others_what_it_learns_so_none_asks_again(
+    node: LotaProcess, recorder: RecordingProxy, origin_s3: Any, bucket: str
+) -> None:
+    """Once an object has been read through the node, a read reaching any worker is
+    answered from that worker's own entry and the chunk file its sibling published, asking
+    neither the origin nor a sibling (lota.workers.news)."""
+    keys = [f"n{i}" for i in range(8)]
+    blobs = {key: os.urandom(1000 + i) for i, key in enumerate(keys)}
+    for key, blob in blobs.items():
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=blob)
+    urls = {key: presigned_get(node.url, bucket, key) for key in keys}
+    for key in keys:
+        _read(urls[key])
+    deadline = time.monotonic() + 10
+    while True:
+        sent = _total(node, "lota_worker_news_total", 'result="sent"')
+        heard = _total(node, "lota_worker_news_total", 'result="heard"')
+        if (sent >= 2 * len(keys) and heard == sent) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert sent >= 2 * len(keys) and heard == sent  # each object's metadata and its chunk
+    recorder.clear()
+    asked = _total(node, "lota_worker_requests_total")
+    got = _read_all(urls, keys * 16)  # 16 connections each: both workers read every key
+    assert got == [(xxhash.xxh3_128(blobs[key]).hexdigest(), "HIT") for key in keys * 16]
+    assert recorder.requests() == []
+    assert _total(node, "lota_worker_requests_total") == asked
+
+
 def _worker_1_late(tmp_path: Path, seconds: float) -> dict[str, str]:
     """The environment in which worker 1 sleeps `seconds` before it starts (a
     sitecustomize); worker 0 starts at once."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,14 +18,22 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from prometheus_client import Counter as PromCounter
 from prometheus_client.parser import text_string_to_metric_families
 
-from lota.cache.fill import checked_at
+from lota.cache.fill import Filler, checked_at
+from lota.cache.service import ChunkService
 from lota.cache.source import VALIDATED_AT
+from lota.cache.store import CacheStore, ObjectMeta
+from lota.clock import Clock
 from lota.cluster.ownership import chunk_key, object_key, worker_of
 from lota.cluster.peers import PeerError
+from lota.metrics import Metrics
+from lota.tasks import TaskGroup
 from lota.workers import fds, siblings
 from lota.workers.metrics import merge
+from lota.workers.news import News
 from lota.workers.node import is_sibling, worker_name
 from lota.workers.placement import MetadataHome
+
+MiB = 1024 * 1024
 
 
 def _keys(count: int) -> list[bytes]:
@@ -409,3 +418,82 @@ def test_metadata_from_another_lota_is_as_old_as_its_last_check_never_younger(
 ) -> None:
     headers = {} if said is None else {VALIDATED_AT: said}
     assert checked_at(SimpleNamespace(headers=headers), now=1000.0) == taken  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def _worker_store(root: Path) -> AsyncIterator[ChunkService]:
+    clock = Clock()
+    store = CacheStore([str(root)], 64 * MiB, MiB, clock=clock, scrub_interval=0, sweep_delay=3600)
+    await store.open()
+    tasks = TaskGroup("fills")
+    try:
+        yield ChunkService(store, Filler(store, MiB, Metrics(), clock, tasks, 2))
+    finally:
+        await tasks.close()
+        await store.close()
+
+
+def _meta(key: str, validated_at: float, etag: str = '"e"') -> ObjectMeta:
+    return ObjectMeta("b", key, etag, 100, "Sun, 06 Dec 2026 05:00:00 GMT",
+                      (("content-type", "text/plain"),), validated_at=validated_at)  # fmt: skip
+
+
+async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
+    tmp_path: Path,
+) -> None:
+    """Worker 0 tells worker 1 what its store learns: metadata from the origin (admitted
+    there as asked at the same moment) and the chunks it publishes (opened there from their
+    path, without asking). An invalidation worker 1 saw after worker 0 asked wins (the
+    entry is to be checked with the origin), and what worker 1 checked more recently
+    stands."""
+    async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
+        metrics0, metrics1 = Metrics(), Metrics()
+        client = fds.FdClient(str(tmp_path / "w1.fds"))
+        handing = _Handing(tmp_path)
+        source = siblings.SiblingSource(0, SimpleNamespace(name="worker-0"), handing)  # type: ignore[arg-type]
+        news0 = News(0, cache0, {}, {1: client}, metrics0)
+        news1 = News(1, cache1, {0: source}, {}, metrics1)
+        cache0.watch(news0)
+
+        async def unopenable(*asked: object) -> None:
+            return None
+
+        loop = asyncio.get_running_loop()
+        server = fds.FdServer(str(tmp_path / "w1.fds"), unopenable, loop, news1.hear)
+        server.start()
+        try:
+            await cache1.admit(_meta("newer-here", 2000.0))
+            asked = time.monotonic()
+            await cache1.invalidate("b", "raced")  # a write landed after worker 0 asked
+            await cache0.admit(_meta("raced", 1000.0), since=asked)
+            await cache0.admit(_meta("k", 1000.0), since=time.monotonic())
+            await cache0.admit(_meta("newer-here", 1500.0), since=time.monotonic())
+            await cache0.admit(_meta("unasked", 1000.0))  # not from the origin: not told
+            chunk = tmp_path / "chunk"
+            chunk.write_bytes(b"z" * 100)
+            news0.published(_meta("k", 1000.0), 0, str(chunk), 100)
+            for _ in range(200):
+                if _counted(metrics1, "lota_worker_news_total", result="heard") == 4:
+                    break
+                await asyncio.sleep(0.01)
+            validated = {
+                key: found.meta.validated_at if (found := cache1.lookup("b", key)) else None
+                for key in ("k", "raced", "newer-here", "unasked")
+            }
+            assert validated == {"k": 1000.0, "raced": 0.0, "newer-here": 2000.0, "unasked": None}
+            opened = source.kept(_meta("k", 1000.0), 0)
+            assert opened is not None and os.pread(opened.fd, 100, 0) == b"z" * 100
+            opened.close()
+            assert handing.asked == []  # opened from its path, not handed over
+            assert _counted(metrics0, "lota_worker_news_total", result="sent") == 4
+            # Told nothing back: what worker 1 heard is not news from it.
+            assert _counted(metrics1, "lota_worker_news_total", result="sent") == 0
+        finally:
+            await news0.close()
+            client.close()
+            source.close()
+            await server.close()
+
+
+def _counted(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0

@@ -51,7 +51,7 @@ outlive its file, which the rules above already handle (the chunk is dropped). W
 the ``after-restart`` verification catches those, ``verify="never"`` would not.
 """
 
-from lota.cache.store.entries import CachedObject, ObjectMeta
+from lota.cache.store.entries import CachedObject, ObjectMeta, Watcher
 from lota.cache.store.errors import CacheDirInUse, CacheError, CacheWriteError
 from lota.cache.store.facade import COUNTERS, CacheStore
 from lota.cache.store.fdcache import open_chunk_limit
@@ -70,6 +70,7 @@ __all__ = [
     "ChunkWriter",
     "ObjectMeta",
     "VerifyPolicy",
+    "Watcher",
     "open_chunk_limit",
     "read_resident",
 ]

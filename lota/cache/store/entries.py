@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from lota.cache.index import ObjectRow
 from lota.cache.layout import chunk_count
@@ -146,3 +146,15 @@ def meta_from_row(row: ObjectRow, shared: dict[str, Any] | None = None) -> Objec
         validated_at=float(validated_at),
         parts=shared[parts],
     )
+
+
+class Watcher(Protocol):
+    """Told what a store learns as it learns it (a worker tells its siblings:
+    :class:`lota.workers.news.News`). Called on the event loop; must not block."""
+
+    def admitted(self, meta: ObjectMeta, since: float) -> None:
+        """`meta` was learnt from the origin, asked at `since` (``time.monotonic()``), and
+        admitted as validated."""
+
+    def published(self, meta: ObjectMeta, index: int, path: str, length: int) -> None:
+        """Chunk `index` of `meta`'s object is cached, whole, in file `path`."""

@@ -25,7 +25,7 @@ from lota.cache.files import ChunkFiles, DirLocked, in_use, unusable
 from lota.cache.index import Index
 from lota.cache.layout import new_stem
 from lota.cache.store.budget import Budget
-from lota.cache.store.entries import CachedObject, ObjectMeta, object_row
+from lota.cache.store.entries import CachedObject, ObjectMeta, Watcher, object_row
 from lota.cache.store.errors import CacheDirInUse, CacheError
 from lota.cache.store.fdcache import FdCache
 from lota.cache.store.maintenance import Scrubber, Sweeper
@@ -169,6 +169,15 @@ class CacheStore:
         self.changed_at = 0.0
         self._ready = False
 
+    @property
+    def watcher(self) -> Watcher | None:
+        """Told what the store learns (validated metadata, published chunks); None: nobody."""
+        return self._fills.watcher
+
+    @watcher.setter
+    def watcher(self, watcher: Watcher | None) -> None:
+        self._fills.watcher = watcher
+
     # Lifecycle
 
     async def open(self) -> None:
@@ -276,18 +285,24 @@ class CacheStore:
     def lookup(self, bucket: str, key: str) -> CachedObject | None:
         return self._table.lookup(bucket, key)
 
-    async def admit(self, meta: ObjectMeta, since: float | None = None) -> CachedObject:
+    async def admit(
+        self, meta: ObjectMeta, since: float | None = None, *, tell: bool = True
+    ) -> CachedObject:
         """Insert or refresh the entry for `meta`. The same ETag/version keeps the chunks and
         takes the new metadata (validated_at, parts, headers; checksums and parts it lacks
         are kept: see :meth:`ObjectMeta.updated_by`); another one replaces them.
 
         `since` is when the origin was asked for `meta` (``time.monotonic()``, in this
         process or another of the machine's): if anything was invalidated since, `meta` may
-        predate a write, so the entry is checked with the origin before its next use."""
+        predate a write, so the entry is checked with the origin before its next use.
+        Otherwise the :attr:`watcher` is told (unless not `tell`: news heard from another
+        process)."""
         if meta.size < 0:
             raise ValueError(f"object size must not be negative: {meta.size}")
         if since is not None and since <= self.changed_at:
             meta = replace(meta, validated_at=0.0)
+        elif since is not None and tell and self.watcher is not None:
+            self.watcher.admitted(meta, since)
         current = self.lookup(meta.bucket, meta.key)
         if current is not None and current.meta.same_object(meta):
             current.meta = current.meta.updated_by(meta)

@@ -21,7 +21,7 @@ import xxhash
 from lota.cache.files import ChunkFiles
 from lota.cache.layout import blocks, chunk_length, chunk_path, rank_dirs, subdir, temp_name
 from lota.cache.store.budget import Budget, Reservation
-from lota.cache.store.entries import CachedObject, Chunk
+from lota.cache.store.entries import CachedObject, Chunk, Watcher
 from lota.cache.store.errors import CacheWriteError
 from lota.cache.store.pool import IOPool
 from lota.cache.store.table import ChunkTable
@@ -173,6 +173,7 @@ class Fills:
         self._temps: set[str] = set()
         self._claimed: set[tuple[str, int]] | None = None
         self.closing = False
+        self.watcher: Watcher | None = None
 
     def __len__(self) -> int:
         return len(self._writers)
@@ -282,6 +283,8 @@ class Fills:
         self.release(writer)
         self._table.add(chunk)
         self.counts["fills"] += 1
+        if self.watcher is not None:
+            self.watcher.published(obj.meta, writer.index, self._table.path(chunk), chunk.length)
         return True
 
     def release(self, writer: ChunkWriter) -> None:

@@ -1,0 +1,175 @@
+"""What a worker tells its siblings as it learns it: :class:`News`.
+
+Without it, every worker of a node reads each object the slow way once before it can
+answer it as it arrives (:mod:`lota.node.at_once`): it asks the object's metadata home
+for the metadata and the chunk's owner for its descriptor, through aiohttp's whole request
+path. So a worker that learns something tells every sibling at once:
+
+- an object's metadata learnt from the origin (asked, or checked again): the sibling
+  admits it as asked at the same moment (``time.monotonic()``, one clock for the machine),
+  so an invalidation the sibling saw after that moment wins and the entry is checked with
+  the origin before its next use, as if the sibling had asked itself; a sibling that
+  checked the object more recently keeps what it has;
+- a chunk it published: the sibling remembers the chunk's file
+  (:meth:`lota.workers.siblings.SiblingSource.remember`) and opens it when read.
+
+News goes over the descriptor sockets (:mod:`lota.workers.fds`), one line per batch:
+what is learnt while a batch is on its way goes in the next. It is a hint, never needed
+for a right answer: a sibling that is restarting, or too slow to hear (more than
+:data:`MAX_WAITING` items waiting for it), misses news and reads those objects the slow
+way. Counted in ``lota_worker_news_total{result}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from lota.cache.service import ChunkService
+from lota.cache.store import ObjectMeta
+from lota.metrics import Metrics
+from lota.tasks import TaskGroup
+from lota.workers.fds import MAX_REQUEST, FdClient
+from lota.workers.siblings import SiblingSource
+
+log = logging.getLogger("lota.workers")
+
+# Items waiting for one sibling, at most: beyond, news is dropped.
+MAX_WAITING = 5_000
+# Bytes of items in one line, at most (the descriptor socket's bound on a request).
+MAX_BATCH = MAX_REQUEST // 2
+
+
+class News:
+    """Tells the siblings what this worker's store learns (its :class:`Watcher
+    <lota.cache.store.Watcher>`), and hears what they learn."""
+
+    def __init__(
+        self,
+        me: int,
+        cache: ChunkService,
+        siblings: Mapping[int, SiblingSource],
+        clients: Mapping[int, FdClient],
+        metrics: Metrics,
+    ) -> None:
+        self._me = me
+        self._cache = cache
+        self._siblings = siblings
+        self._outboxes = [_Outbox(k, client, self) for k, client in clients.items()]
+        self._counts = {
+            result: metrics.worker_news.labels(result)
+            for result in ("sent", "dropped", "unsent", "heard", "refused")
+        }
+        self._tasks = TaskGroup("news")
+
+    # -- telling ----------------------------------------------------------------------
+
+    def admitted(self, meta: ObjectMeta, since: float) -> None:
+        self._post({"meta": asdict(meta), "since": since})
+
+    def published(self, meta: ObjectMeta, index: int, path: str, length: int) -> None:
+        chunk = [meta.bucket, meta.key, meta.etag, index]
+        self._post({"chunk": chunk, "path": path, "length": length})
+
+    def _post(self, item: dict[str, Any]) -> None:
+        encoded = json.dumps(item, separators=(",", ":")).encode()
+        if len(encoded) > MAX_BATCH:  # metadata beyond any S3 object's: not worth a line
+            self._counts["dropped"].inc(len(self._outboxes))
+            return
+        for box in self._outboxes:
+            box.put(encoded)
+
+    def start(self, box: _Outbox) -> None:
+        self._tasks.start(box.send(), f"to worker-{box.index}")
+
+    def count(self, result: str, items: int) -> None:
+        self._counts[result].inc(items)
+
+    def line(self, items: list[bytes]) -> bytes:
+        return b'{"from":%d,"news":[%b]}\n' % (self._me, b",".join(items))
+
+    async def close(self) -> None:
+        await self._tasks.close()
+
+    # -- hearing ----------------------------------------------------------------------
+
+    async def hear(self, told: dict[str, Any]) -> None:
+        """A sibling's news (one line, parsed), taken in."""
+        sibling = self._siblings.get(int(told["from"]))
+        for item in told["news"]:
+            try:
+                if "meta" in item:
+                    await self._admit(_meta(item["meta"]), float(item["since"]))
+                elif sibling is not None:
+                    bucket, key, etag, index = item["chunk"]
+                    chunk = (str(bucket), str(key), str(etag), int(index))
+                    sibling.remember(chunk, str(item["path"]), int(item["length"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.debug("news refused: %r (%r)", item, exc)
+                self._counts["refused"].inc()
+                continue
+            self._counts["heard"].inc()
+
+    async def _admit(self, meta: ObjectMeta, since: float) -> None:
+        current = self._cache.lookup(meta.bucket, meta.key)
+        if current is not None and current.meta.validated_at >= meta.validated_at:
+            return  # checked here as recently: this worker's own word stands
+        await self._cache.admit(meta, since=since, tell=False)
+
+
+class _Outbox:
+    """The news waiting for one sibling, sent one line at a time."""
+
+    def __init__(self, index: int, client: FdClient, news: News) -> None:
+        self.index = index
+        self._client = client
+        self._news = news
+        self._waiting: list[bytes] = []
+        self._sending = False
+
+    def put(self, item: bytes) -> None:
+        if len(self._waiting) >= MAX_WAITING:
+            self._news.count("dropped", 1)
+            return
+        self._waiting.append(item)
+        if not self._sending:
+            self._sending = True
+            self._news.start(self)
+
+    async def send(self) -> None:
+        try:
+            while self._waiting:
+                batch, size = [], 0
+                for item in self._waiting:
+                    if size + len(item) > MAX_BATCH:
+                        break
+                    batch.append(item)
+                    size += len(item) + 1
+                del self._waiting[: len(batch)]
+                try:
+                    await self._client.tell(self._news.line(batch))
+                except OSError as exc:  # restarting: what it missed, it reads the slow way
+                    log.debug("worker-%d did not hear %d news: %r", self.index, len(batch), exc)
+                    self._news.count("unsent", len(batch))
+                    continue
+                self._news.count("sent", len(batch))
+        finally:
+            self._sending = False
+
+
+def _meta(raw: dict[str, Any]) -> ObjectMeta:
+    """An :class:`ObjectMeta` from its JSON form (``asdict``)."""
+    return ObjectMeta(
+        bucket=str(raw["bucket"]),
+        key=str(raw["key"]),
+        etag=str(raw["etag"]),
+        size=int(raw["size"]),
+        last_modified=str(raw["last_modified"]),
+        headers=tuple((str(n), str(v)) for n, v in raw["headers"]),
+        version_id=str(raw["version_id"]),
+        validated_at=float(raw["validated_at"]),
+        parts=tuple((int(a), int(b), int(c)) for a, b, c in raw["parts"]),
+    )
