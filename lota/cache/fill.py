@@ -306,7 +306,8 @@ class Filler:
                     learnt.set_result(OriginReply(reply.status, list(reply.headers.items()), b""))
                     return
                 meta = object_meta(bucket, key, reply, checked_at(reply, self._clock.time()))
-            learnt.set_result(await self.store.admit(meta, since=asked))
+                told = reply.kind == "origin"
+            learnt.set_result(await self.store.admit(meta, since=asked, tell=told))
         except asyncio.CancelledError:
             learnt.set_exception(OriginError("metadata request cancelled"))
             raise
@@ -426,7 +427,7 @@ class Filler:
                 raise OriginError(f"{source.name} answered bytes from {begins}, not those asked")
             meta = object_meta(job.bucket, job.key, reply, self._clock.time())
             if job.known is None:
-                obj = await self.store.admit(meta, since=asked)
+                obj = await self.store.admit(meta, since=asked, tell=reply.kind == "origin")
                 self._register(job, obj)
                 del self._cold[(job.bucket, job.key)]
             else:

@@ -208,7 +208,7 @@ class ReadPath:
         asked = time.monotonic()
         try:
             async with source.head(m.bucket, m.key, if_none_match=m.etag) as reply:
-                status = reply.status
+                status, told = reply.status, reply.kind == "origin"
                 fresh = (
                     object_meta(m.bucket, m.key, reply, self._clock.time())
                     if status == 200
@@ -226,10 +226,10 @@ class ReadPath:
         if status == 304 or (fresh is not None and fresh.etag == m.etag):
             self._metrics.cache_revalidations.labels("unchanged").inc()
             refreshed = replace(m, validated_at=self._clock.time())
-            return await self.cache.admit(refreshed, since=asked), "HIT"
+            return await self.cache.admit(refreshed, since=asked, tell=told), "HIT"
         if fresh is not None:
             self._metrics.cache_revalidations.labels("changed").inc()
-            return await self.cache.admit(fresh, since=asked), "MISS"
+            return await self.cache.admit(fresh, since=asked, tell=told), "MISS"
         if status == 404:
             self._metrics.cache_revalidations.labels("gone").inc()
             await self.cache.invalidate(m.bucket, m.key)

@@ -32,6 +32,12 @@ class ChunkService:
 
     # -- what is held -------------------------------------------------------------------
 
+    @property
+    def changed_at(self) -> float:
+        """When an entry was last dropped or replaced (``time.monotonic()``), or the store
+        opened: metadata asked of the origin before then is not to be taken as validated."""
+        return self._store.changed_at
+
     def watch(self, watcher: Watcher | None) -> None:
         """Have `watcher` told what the store learns (None: nobody)."""
         self._store.watcher = watcher
@@ -40,7 +46,7 @@ class ChunkService:
         return self._store.lookup(bucket, key)
 
     async def admit(
-        self, meta: ObjectMeta, since: float | None = None, *, tell: bool = True
+        self, meta: ObjectMeta, since: float | None = None, *, tell: bool = False
     ) -> CachedObject:
         """Keep `meta` as the entry of its (bucket, key); unvalidated if an entry was dropped
         or replaced `since` (``time.monotonic()`` when the origin was asked). `tell`: see

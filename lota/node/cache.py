@@ -196,14 +196,14 @@ async def _over_workers(
         }
         for source in sibling_sources.values():
             stack.callback(source.close)
-        news = News(siblings.spec.index, service, sibling_sources, fd_clients, metrics)
+        me = siblings.spec.index
+        news = News(me, service, sibling_sources, fd_clients, metrics, config.cache.dirs)
         stack.push_async_callback(news.close)
         service.watch(news)
         stack.callback(service.watch, None)
         await stack.enter_async_context(descriptor_server(siblings.spec, service, news.hear))
         shared = RemoteFills(peers, fills)
         usable = _usable(peers.membership)
-        me = siblings.spec.index
         yield (
             {
                 region: Local(service, src, me, sibling_sources, shared, usable, metrics)

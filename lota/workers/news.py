@@ -5,26 +5,30 @@ answer it as it arrives (:mod:`lota.node.at_once`): it asks the object's metadat
 for the metadata and the chunk's owner for its descriptor, through aiohttp's whole request
 path. So a worker that learns something tells every sibling at once:
 
-- an object's metadata learnt from the origin (asked, or checked again): the sibling
-  admits it as asked at the same moment (``time.monotonic()``, one clock for the machine),
-  so an invalidation the sibling saw after that moment wins and the entry is checked with
-  the origin before its next use, as if the sibling had asked itself; a sibling that
-  checked the object more recently keeps what it has;
+- an object's metadata the origin itself answered (asked, or checked again; not a copy
+  another worker or node held), with the moment it was asked (``time.monotonic()``, one
+  clock for the machine): a sibling that dropped or replaced any entry after that moment
+  (a write), or that started after it, lets it pass, as it would its own answer asked
+  before an invalidation; a sibling that checked the object more recently keeps its own;
 - a chunk it published: the sibling remembers the chunk's file
-  (:meth:`lota.workers.siblings.SiblingSource.remember`) and opens it when read.
+  (:meth:`lota.workers.siblings.SiblingSource.remember`), if it is one of the node's
+  cache files, and opens it when read.
 
 News goes over the descriptor sockets (:mod:`lota.workers.fds`), one line per batch:
 what is learnt while a batch is on its way goes in the next. It is a hint, never needed
 for a right answer: a sibling that is restarting, or too slow to hear (more than
 :data:`MAX_WAITING` items waiting for it), misses news and reads those objects the slow
-way. Counted in ``lota_worker_news_total{result}``.
+way. Counted in ``lota_worker_news_total{result}``: sent, dropped (too much waiting, or
+an item too large for a line), unsent (the sibling did not take the line in time); heard,
+stale (metadata let pass), refused (malformed, or not a cache file).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -54,14 +58,18 @@ class News:
         siblings: Mapping[int, SiblingSource],
         clients: Mapping[int, FdClient],
         metrics: Metrics,
+        dirs: Sequence[str],
     ) -> None:
+        """`dirs`: this worker's cache directories (``DIR/worker-K``: its siblings' are
+        next to them)."""
         self._me = me
+        self._roots = tuple(os.path.dirname(os.path.abspath(d)) + os.sep for d in dirs)
         self._cache = cache
         self._siblings = siblings
         self._outboxes = [_Outbox(k, client, self) for k, client in clients.items()]
         self._counts = {
             result: metrics.worker_news.labels(result)
-            for result in ("sent", "dropped", "unsent", "heard", "refused")
+            for result in ("sent", "dropped", "unsent", "heard", "stale", "refused")
         }
         self._tasks = TaskGroup("news")
 
@@ -102,22 +110,30 @@ class News:
         for item in told["news"]:
             try:
                 if "meta" in item:
-                    await self._admit(_meta(item["meta"]), float(item["since"]))
-                elif sibling is not None:
-                    bucket, key, etag, index = item["chunk"]
-                    chunk = (str(bucket), str(key), str(etag), int(index))
-                    sibling.remember(chunk, str(item["path"]), int(item["length"]))
+                    result = await self._admit(_meta(item["meta"]), float(item["since"]))
+                else:
+                    result = self._remember(sibling, item)
             except (KeyError, TypeError, ValueError) as exc:
                 log.debug("news refused: %r (%r)", item, exc)
-                self._counts["refused"].inc()
-                continue
-            self._counts["heard"].inc()
+                result = "refused"
+            self._counts[result].inc()
 
-    async def _admit(self, meta: ObjectMeta, since: float) -> None:
+    async def _admit(self, meta: ObjectMeta, since: float) -> str:
+        if since <= self._cache.changed_at:
+            return "stale"  # it may predate a write this worker was told of, or missed
         current = self._cache.lookup(meta.bucket, meta.key)
         if current is not None and current.meta.validated_at >= meta.validated_at:
-            return  # checked here as recently: this worker's own word stands
-        await self._cache.admit(meta, since=since, tell=False)
+            return "heard"  # checked here as recently: this worker's own word stands
+        await self._cache.admit(meta, since=since)
+        return "heard"
+
+    def _remember(self, sibling: SiblingSource | None, item: dict[str, Any]) -> str:
+        bucket, key, etag, index = item["chunk"]
+        path = str(item["path"])
+        if sibling is None or os.path.normpath(path) != path or not path.startswith(self._roots):
+            return "refused"
+        sibling.remember((str(bucket), str(key), str(etag), int(index)), path, int(item["length"]))
+        return "heard"
 
 
 class _Outbox:

@@ -45,6 +45,8 @@ class _BrokenSource:
 
 
 class _Reply:
+    kind = "origin"
+
     def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.status = status
         self.headers = CIMultiDict(headers)

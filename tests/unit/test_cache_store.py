@@ -911,7 +911,7 @@ def test_chunk_arithmetic_and_names() -> None:
 
 
 async def test_an_answer_older_than_an_invalidation_is_admitted_for_revalidation(
-    make_store: MakeStore,
+    make_store: MakeStore, tmp_path: Path
 ) -> None:
     store = await make_store()
     asked = time.monotonic()  # the origin is asked; meanwhile a write through LOTA lands
@@ -920,6 +920,11 @@ async def test_an_answer_older_than_an_invalidation_is_admitted_for_revalidation
     assert late.meta.validated_at == 0.0  # checked with the origin before its next use
     fresh = await store.admit(meta(key="k2", validated_at=1000.0), since=time.monotonic())
     assert fresh.meta.validated_at == 1000.0
+    # Asked (by another worker) before this store opened: it may have missed a write.
+    asked = time.monotonic()
+    restarted = await make_store(dirs=[tmp_path / "restarted"])
+    before = await restarted.admit(meta(validated_at=1000.0), since=asked)
+    assert before.meta.validated_at == 0.0
 
 
 @pytest.mark.parametrize(

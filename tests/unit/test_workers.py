@@ -441,18 +441,18 @@ def _meta(key: str, validated_at: float, etag: str = '"e"') -> ObjectMeta:
 async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
     tmp_path: Path,
 ) -> None:
-    """Worker 0 tells worker 1 what its store learns: metadata from the origin (admitted
-    there as asked at the same moment) and the chunks it publishes (opened there from their
-    path, without asking). An invalidation worker 1 saw after worker 0 asked wins (the
-    entry is to be checked with the origin), and what worker 1 checked more recently
-    stands."""
+    """Worker 0 tells worker 1 what its store learns from the origin (metadata, admitted
+    there as asked at the same moment) and the chunks it publishes (opened there from
+    their path, without asking). Metadata asked before worker 1 dropped an entry (a write)
+    is let pass; what worker 1 checked more recently stands; a copy's metadata (not the
+    origin's answer) is not told; a path outside the node's cache is refused."""
     async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
         metrics0, metrics1 = Metrics(), Metrics()
         client = fds.FdClient(str(tmp_path / "w1.fds"))
         handing = _Handing(tmp_path)
         source = siblings.SiblingSource(0, SimpleNamespace(name="worker-0"), handing)  # type: ignore[arg-type]
-        news0 = News(0, cache0, {}, {1: client}, metrics0)
-        news1 = News(1, cache1, {0: source}, {}, metrics1)
+        news0 = News(0, cache0, {}, {1: client}, metrics0, [str(tmp_path / "w0")])
+        news1 = News(1, cache1, {0: source}, {}, metrics1, [str(tmp_path / "w1")])
         cache0.watch(news0)
 
         async def unopenable(*asked: object) -> None:
@@ -465,29 +465,42 @@ async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
             await cache1.admit(_meta("newer-here", 2000.0))
             asked = time.monotonic()
             await cache1.invalidate("b", "raced")  # a write landed after worker 0 asked
-            await cache0.admit(_meta("raced", 1000.0), since=asked)
-            await cache0.admit(_meta("k", 1000.0), since=time.monotonic())
-            await cache0.admit(_meta("newer-here", 1500.0), since=time.monotonic())
-            await cache0.admit(_meta("unasked", 1000.0))  # not from the origin: not told
+            await cache0.admit(_meta("raced", 1000.0), since=asked, tell=True)
+            await cache0.admit(_meta("k", 1000.0), since=time.monotonic(), tell=True)
+            await cache0.admit(_meta("newer-here", 1500.0), since=time.monotonic(), tell=True)
+            await cache0.admit(_meta("a-copy", 1000.0), since=time.monotonic())  # not told
             chunk = tmp_path / "chunk"
             chunk.write_bytes(b"z" * 100)
             news0.published(_meta("k", 1000.0), 0, str(chunk), 100)
+            news0.published(_meta("k", 1000.0), 1, "/etc/passwd", 100)
             for _ in range(200):
-                if _counted(metrics1, "lota_worker_news_total", result="heard") == 4:
+                if _counted(metrics1, "lota_worker_news_total", result="refused") == 1:
                     break
                 await asyncio.sleep(0.01)
             validated = {
                 key: found.meta.validated_at if (found := cache1.lookup("b", key)) else None
-                for key in ("k", "raced", "newer-here", "unasked")
+                for key in ("k", "raced", "newer-here", "a-copy")
             }
-            assert validated == {"k": 1000.0, "raced": 0.0, "newer-here": 2000.0, "unasked": None}
+            assert validated == {"k": 1000.0, "raced": None, "newer-here": 2000.0, "a-copy": None}
             opened = source.kept(_meta("k", 1000.0), 0)
             assert opened is not None and os.pread(opened.fd, 100, 0) == b"z" * 100
             opened.close()
+            assert source.kept(_meta("k", 1000.0), 1) is None
             assert handing.asked == []  # opened from its path, not handed over
-            assert _counted(metrics0, "lota_worker_news_total", result="sent") == 4
+            results = ("sent", "heard", "stale", "refused")
+            assert [_counted(metrics0, "lota_worker_news_total", result=r) for r in results] == [
+                5,
+                0,
+                0,
+                0,
+            ]
             # Told nothing back: what worker 1 heard is not news from it.
-            assert _counted(metrics1, "lota_worker_news_total", result="sent") == 0
+            assert [_counted(metrics1, "lota_worker_news_total", result=r) for r in results] == [
+                0,
+                3,
+                1,
+                1,
+            ]
         finally:
             await news0.close()
             client.close()

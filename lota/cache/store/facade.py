@@ -166,7 +166,9 @@ class CacheStore:
         # When an entry was last dropped or replaced, by ``time.monotonic()`` (one clock for
         # every process of the machine): an origin answer asked for before that may describe
         # what a write replaced (see admit's `since`).
-        self.changed_at = 0.0
+        # From the start: what another process asked before then, this one may have missed
+        # the invalidation of (it was not running).
+        self.changed_at = time.monotonic()
         self._ready = False
 
     @property
@@ -286,7 +288,7 @@ class CacheStore:
         return self._table.lookup(bucket, key)
 
     async def admit(
-        self, meta: ObjectMeta, since: float | None = None, *, tell: bool = True
+        self, meta: ObjectMeta, since: float | None = None, *, tell: bool = False
     ) -> CachedObject:
         """Insert or refresh the entry for `meta`. The same ETag/version keeps the chunks and
         takes the new metadata (validated_at, parts, headers; checksums and parts it lacks
@@ -295,8 +297,8 @@ class CacheStore:
         `since` is when the origin was asked for `meta` (``time.monotonic()``, in this
         process or another of the machine's): if anything was invalidated since, `meta` may
         predate a write, so the entry is checked with the origin before its next use.
-        Otherwise the :attr:`watcher` is told (unless not `tell`: news heard from another
-        process)."""
+        Otherwise, if `tell` (`meta` is the origin's own answer, not a copy another LOTA
+        process held), the :attr:`watcher` is told."""
         if meta.size < 0:
             raise ValueError(f"object size must not be negative: {meta.size}")
         if since is not None and since <= self.changed_at:

@@ -283,7 +283,7 @@ class Fills:
         self.release(writer)
         self._table.add(chunk)
         self.counts["fills"] += 1
-        if self.watcher is not None:
+        if self.watcher is not None and obj.meta.etag:  # not a write's bytes, still unnamed
             self.watcher.published(obj.meta, writer.index, self._table.path(chunk), chunk.length)
         return True
 
