@@ -15,7 +15,6 @@ final name, so a final name only ever holds complete bytes.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 from collections.abc import Sequence
@@ -43,11 +42,13 @@ def new_stem(bucket: str, key: str, etag: str, version_id: str) -> str:
 
 
 def subdir(root: str, stem: str) -> str:
-    return os.path.join(root, "chunks", stem[0:2], stem[2:4])
+    """Where the chunks of stem `stem` are, under cache dir `root` (absolute, as the store
+    holds its dirs). Joined by hand: a reopened chunk computes its path on every hit."""
+    return f"{root.rstrip('/')}/chunks/{stem[0:2]}/{stem[2:4]}"
 
 
 def chunk_path(root: str, stem: str, index: int) -> str:
-    return os.path.join(subdir(root, stem), f"{stem}.{index}")
+    return f"{subdir(root, stem)}/{stem}.{index}"
 
 
 def temp_name(stem: str, index: int) -> str:

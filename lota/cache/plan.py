@@ -258,16 +258,23 @@ def not_modified_headers(object_headers: Headers, source: str) -> list[tuple[str
     return [*kept, (CACHE_HEADER, source)]
 
 
-@lru_cache(maxsize=4096)
+# Objects whose headers are remembered as sent, at most: a node's working set (a hit
+# must not filter an object's headers again because 4,096 other objects were read since).
+PLAIN_HEADERS_OBJECTS = 1 << 17
+
+
+@lru_cache(maxsize=PLAIN_HEADERS_OBJECTS)
 def _plain_headers(headers: Headers, with_parts_count: bool) -> Headers:
     """An object's headers as sent without ``x-amz-checksum-mode: ENABLED`` (no checksums),
-    and without the parts count unless a part was asked for; computed once per object."""
-    return tuple(
+    and without the parts count unless a part was asked for; computed once per object (the
+    object's own tuple when nothing is left out, as for most)."""
+    plain = tuple(
         (name, value)
         for name, value in headers
         if not (name.startswith("x-amz-checksum-") and name != "x-amz-checksum-type")
         and (with_parts_count or name != "x-amz-mp-parts-count")
     )
+    return headers if len(plain) == len(headers) else plain
 
 
 def _without_parts_count(headers: Headers) -> Headers:

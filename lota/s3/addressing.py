@@ -53,7 +53,7 @@ class Target:
     names: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "names", frozenset(name for name, _ in self.query))
+        object.__setattr__(self, "names", frozenset(dict(self.query)))
 
     @property
     def resource(self) -> str:
@@ -87,8 +87,18 @@ def parse_query(raw_query: str) -> tuple[tuple[str, str], ...]:
 
 def _unquote_plus(text: str) -> str:
     if "%" in text or "+" in text:
-        return unquote(text.replace("+", " "))
+        return _decoded(text) if len(text) <= _MEMO_VALUE_CHARS else _decode(text)
     return text
+
+
+def _decode(text: str) -> str:
+    return unquote(text.replace("+", " "))
+
+
+# Encoded query values repeat from request to request (a presigned URL's credential scope
+# is the same in all of a client's URLs): decoding one costs more than remembering it.
+_MEMO_VALUE_CHARS = 256
+_decoded = lru_cache(maxsize=4096)(_decode)
 
 
 def is_admin(host: str, raw_path: str, domain: str) -> bool:
