@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from lota.node.serve import serve
+    from lota.node.serve import collect_less, serve
     from lota.workers.spec import WorkerSpec
     from lota.workers.supervisor import Supervisor
 
@@ -140,6 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
         "tls_key": args.tls_key,
     }
     path = args.config or os.environ.get("LOTA_CONFIG")
+    collect_less()
     spec = WorkerSpec.from_environment()
     if spec is not None:  # a worker its supervisor started: its settings come from it
         spec.stop_with_supervisor()

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import Callable
 
 from lota.config import Config
 from lota.node.build import build_node
 from lota.workers.spec import WorkerSpec
+
+# The cycle collector's thresholds in a serving process (Python's are 700, 10, 10).
+GC_THRESHOLDS = (50_000, 20, 10)
+
+
+def collect_less() -> None:
+    """Have Python's cycle collector run less often than its defaults would. A node holds
+    hundreds of thousands of long-lived objects (entries, remembered answers, verdicts,
+    descriptors), added as its hot set is first read: with the defaults, young
+    collections cost a first hit of 20,000 objects ~25 µs, and each growth of that set by
+    a quarter a full collection of all of it (~0.2 s at 300,000 objects, a stall every
+    connection waits out). Hits make no cyclic garbage, and whatever else does (errors,
+    closed connections) is still collected, after 50,000 allocations, not 700."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def serve(

@@ -6,6 +6,7 @@ that changed, and counted as every other response is."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
 import ssl
@@ -371,3 +372,38 @@ async def test_over_tls_hits_are_answered_at_once_too(
         finally:
             conn.close()
     assert answered == [True] * 20
+
+
+async def test_hits_answered_at_once_leave_no_cyclic_garbage(
+    origin: str, origin_s3: Any, bucket: str, credentials_file: Path, tmp_path: Path
+) -> None:
+    """What a hit allocates is freed as it goes, none of it in reference cycles: a serving
+    process may run Python's cycle collector rarely (lota.node.serve.collect_less) without
+    holding back the garbage of its hits."""
+    keys = [f"k{i}" for i in range(20)]
+    for key in keys:
+        await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key=key, Body=b"x" * 5000)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        urls = [presigned_get(node.url, bucket, key) for key in keys]
+        conn = await Connection.open(node.url)
+        try:
+            for url in urls:
+                await _until_hit(conn, url)
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for url in urls * 10:  # first answers at once, then remembered ones
+                    assert (await conn.get(request(url)))[0] == 200
+                await asyncio.sleep(0.1)
+                gc.collect()
+                ours = [
+                    type(o).__qualname__
+                    for o in gc.garbage
+                    if type(o).__module__.startswith("lota")
+                ]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+        finally:
+            conn.close()
+    assert ours == []
