@@ -75,12 +75,13 @@ async def lota_with_origin(
     cache: bool = True,
     auth: str = "sigv4",
     far: EmbeddedOrigin | None = None,
+    workers: int = 1,
 ) -> AsyncIterator[Setup]:
     """An embedded origin `latency` seconds away (one way) and one LOTA node in front of it.
 
     With `far`, a second region (eu-west) whose origin is `far`: bucket ``FAR_BUCKET`` is
     homed there and writes to it are accelerated (catalog in SQLite, staging bucket
-    ``STAGING_BUCKET`` in the first origin).
+    ``STAGING_BUCKET`` in the first origin). `workers`: the node's worker processes.
     """
     with tempfile.TemporaryDirectory(prefix="lota-bench-") as tmp:
         work = Path(tmp)
@@ -109,7 +110,8 @@ async def lota_with_origin(
                 lines += ['  { days_since_last_access = 60, tier = "archive" }]']
                 await asyncio.to_thread(_create_buckets, origin, far)
             config.write_text("\n".join(lines) + "\n")
-            node = LotaProcess(["--config", str(config)], log_path=work / "lota.log")
+            env = {"LOTA_WORKERS": str(workers)}
+            node = LotaProcess(["--config", str(config)], log_path=work / "lota.log", env=env)
             # In a thread: the WAN link runs on this loop, and readiness checks the origin.
             await asyncio.to_thread(node.start)
             try:
