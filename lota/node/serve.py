@@ -8,7 +8,6 @@ import signal
 from collections.abc import Callable
 
 from lota.config import Config
-from lota.node.build import build_node
 from lota.workers.spec import WorkerSpec
 
 # The cycle collector's thresholds in a serving process (Python's are 700, 10, 10).
@@ -36,6 +35,10 @@ async def serve(
     """Serve until `stop` is set or SIGTERM/SIGINT arrives, then drain and return.
     `on_ready` gets the URL once the node listens; `worker`: this process is one of the
     node's workers (:mod:`lota.workers`)."""
+    # Imported here: a supervisor of workers imports this module and serves nothing, and
+    # the node's modules would be a third of a worker's memory in it too.
+    from lota.node.build import build_node
+
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -510,3 +512,15 @@ async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
 
 def _counted(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_supervisor_imports_none_of_what_serves() -> None:
+    """A supervisor of workers serves nothing: the node's modules (a third of a worker's
+    memory) stay out of it, whatever `lota serve` imports to become one."""
+    code = (
+        "import sys, lota.cli, lota.node.serve, lota.workers.supervisor; "
+        "print(sorted(m for m in ('lota.node.build', 'lota.cache.reads', 'prometheus_client') "
+        "if m in sys.modules))"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "[]"
