@@ -213,7 +213,11 @@ class RecentlyVerified:
         return len(self._entries)
 
     def key(self, view: RequestView, bucket: str, key: str) -> RequestKey | None:
-        if view.method not in ("GET", "HEAD"):
+        """What identifies the request here; None for one not to remember: not a read, or
+        signed in an Authorization header (a client signs each such request afresh, as
+        boto3 does, so none comes again: remembered, they would only push presigned URLs
+        out)."""
+        if view.method not in ("GET", "HEAD") or "authorization" in view.headers:
             return None
         headers = tuple(view.headers.items())
         return (view.method, view.raw_path, view.query, bucket, key, headers)

@@ -13,7 +13,8 @@ same request again (a loader reading the same presigned URL each epoch, on any
 connection) is answered from what was decided the first time, while the verdict holds
 (the signature's validity window), the cache entry is alive and fresh, and its bytes are
 at hand; the headers are written once, but for Date. Bounded by what the remembered
-requests hold (:data:`MAX_CHARS`), least recently used forgotten first.
+requests hold (:data:`MAX_CHARS`), least recently used forgotten first. A request signed in
+an Authorization header is not remembered: its client signs every request afresh.
 """
 
 from __future__ import annotations
@@ -126,8 +127,9 @@ class AtOnce:
         if head is None:
             return None
         principal = authorized.principal.name if authorized.principal is not None else "-"
-        size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in key[1])
-        self._remembered.put(key, Remembered(authorized, hit.plan, head, principal), size)
+        if "authorization" not in message.headers:
+            size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in key[1])
+            self._remembered.put(key, Remembered(authorized, hit.plan, head, principal), size)
         return self._send(hit, head, principal, message, remote, started)
 
     def _first(self, message: RawRequestMessage) -> tuple[Authorized, SmallHit] | None:

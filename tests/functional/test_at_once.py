@@ -407,3 +407,42 @@ async def test_hits_answered_at_once_leave_no_cyclic_garbage(
         finally:
             conn.close()
     assert ours == []
+
+
+async def test_requests_signed_in_a_header_are_answered_at_once_but_not_remembered(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """boto3 signs every GET afresh: such hits are answered at once all the same, and not
+    remembered (none would come again); a presigned URL's are."""
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=b"y" * 5000)
+    offered: list[tuple[AtOnce, bool]] = []
+    original = AtOnce.answer
+
+    def spy(self: AtOnce, message: RawRequestMessage, remote: str | None) -> Any:
+        reply = original(self, message, remote)
+        offered.append((self, reply is not None))
+        return reply
+
+    monkeypatch.setattr(AtOnce, "answer", spy)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        conn = await Connection.open(node.url)
+        try:
+            await _until_hit(conn, url)
+            s3 = client_for(node.url)
+            offered.clear()
+            for _ in range(5):
+                got = await asyncio.to_thread(s3.get_object, Bucket=bucket, Key="k")
+                assert got["Body"].read() == b"y" * 5000
+            at_once = offered[0][0]
+            assert [taken for _, taken in offered] == [True] * 5
+            remembered = len(at_once._remembered)
+            assert await conn.get(request(url)) is not None  # the presigned URL again
+        finally:
+            conn.close()
+    assert (remembered, len(at_once._remembered)) == (1, 1)
