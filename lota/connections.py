@@ -168,7 +168,11 @@ class GuardedRequestHandler(RequestHandler):
         self._guard = manager
         limits = manager.limits
         self._clock = HeadClock(limits.header_timeout, limits.keepalive_timeout)
-        self._timer: Any = None  # asyncio.TimerHandle for the clock's deadline
+        # An asyncio.TimerHandle due at `_timer_at`, no later than the clock's deadline: a
+        # deadline that moves later keeps it (it fires, finds nothing due and is set again),
+        # so a request answered at once costs no timer.
+        self._timer: Any = None
+        self._timer_at = 0.0
         self._last_body: Any = None  # the last request's body, while it may still arrive
 
     def connection_made(self, transport: Any) -> None:
@@ -188,14 +192,14 @@ class GuardedRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         body = self._last_body  # bytes still due for it are not a head's
         head = data and (body is None or body.is_eof())
-        if head and self._clock.head_bytes(handler_loop(self).time()):
-            self._arm()
+        started = head and self._clock.head_bytes(handler_loop(self).time())
         super().data_received(data)
         # aiohttp queues each request whose head it has parsed: that head is complete.
         if queued_requests(self) and self._clock.waiting:
             self._clock.head_complete()
             self._guard.busy(self)
-            self._cancel_timer()
+        elif started:  # part of a head: the header clock runs
+            self._arm()
 
     async def finish_response(
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
@@ -224,9 +228,15 @@ class GuardedRequestHandler(RequestHandler):
         self._arm()
 
     def _arm(self) -> None:
-        self._cancel_timer()
-        if self._clock.deadline is not None:
-            self._timer = handler_loop(self).call_at(self._clock.deadline, self._on_deadline)
+        deadline = self._clock.deadline
+        if deadline is None:
+            return
+        if self._timer is not None:
+            if self._timer_at <= deadline:
+                return  # due first: it looks again then
+            self._timer.cancel()
+        self._timer = handler_loop(self).call_at(deadline, self._on_deadline)
+        self._timer_at = deadline
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -235,8 +245,11 @@ class GuardedRequestHandler(RequestHandler):
 
     def _on_deadline(self) -> None:
         self._timer = None
+        if self.transport is None:
+            return
         reason = self._clock.expired(handler_loop(self).time())
-        if reason is None or self.transport is None:
+        if reason is None:  # the deadline moved on (or a request is in hand)
+            self._arm()
             return
         if self._clock.partial:
             # Part of a head came: say why the connection closes, as S3 XML.

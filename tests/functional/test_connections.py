@@ -116,6 +116,23 @@ def test_a_connection_idle_after_a_request_is_closed_after_keepalive_timeout(
     assert KEEPALIVE_TIMEOUT - 0.1 < elapsed < KEEPALIVE_TIMEOUT + SLACK
 
 
+def test_a_connection_used_again_idles_keepalive_timeout_from_its_last_response(
+    quick: LotaProcess,
+) -> None:
+    """Its deadline moves on with each response, and the timer set when it opened is kept
+    (lota.connections): that one fires while the connection is used, finds nothing due,
+    and is set again. Never closed early, never left open."""
+    with _connect(quick) as sock:
+        sock.sendall(HEAD + b"\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(HEADER_TIMEOUT - 0.5)  # before that first timer fires
+        sock.sendall(HEAD + b"\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        elapsed, received = _closed_after(sock)
+    assert received == b""
+    assert KEEPALIVE_TIMEOUT - 0.1 < elapsed < KEEPALIVE_TIMEOUT + SLACK
+
+
 def test_a_kept_alive_connection_starting_a_head_late_gets_header_timeout_from_its_first_byte(
     quick: LotaProcess,
 ) -> None:
