@@ -61,8 +61,12 @@ def rss_mib(pid: int) -> float:
 
 
 def node_pids(pid: int) -> list[int]:
-    """A ``lota serve`` process and its workers (its children)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    """A ``lota serve`` process and its workers (its children; the supervisor starts them
+    from its main thread, whose children the kernel lists)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:  # no CONFIG_PROC_CHILDREN: the process alone
+        children = []
     return [pid, *map(int, children)]
 
 
@@ -225,7 +229,7 @@ def workload(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     s3s = [setup.client() for _ in range(clients)]
     before = node_rss_mib(lota_pid)
     hwm_reset = reset_peak(lota_pid)
-    workers = len(node_pids(lota_pid)) - 1 or 1  # a node of one worker is one process
+    workers = args.workers or len(os.sched_getaffinity(0))  # what the target allows for
     print(f"LOTA RSS before the measured phase: {before:.1f} MiB ({workers} workers)", flush=True)
     started = time.perf_counter()
     with (

@@ -197,7 +197,9 @@ class RecentlyVerified:
     Repeating a request is no new power: S3 accepts the same presigned URL, or the same
     signed headers within the allowed skew, as many times as it is sent.
 
-    Sized to the requests a node serves over and over, not to a handful: a data loader
+    Requests signed in an Authorization header are not remembered (see :meth:`key`): a
+    client signs each one afresh. Sized to the requests a node serves over and over, not
+    to a handful: a data loader
     reading 20,000 objects through 20,000 presigned URLs must not verify each read again.
     Bounded by the characters the remembered requests hold (`max_chars`: some 30,000
     presigned GETs of ~700 characters in 20 Mi), the least recently used forgotten first.

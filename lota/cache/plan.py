@@ -20,7 +20,6 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from lota.cache.layout import chunk_count
 from lota.config import CacheConfig
@@ -258,23 +257,21 @@ def not_modified_headers(object_headers: Headers, source: str) -> list[tuple[str
     return [*kept, (CACHE_HEADER, source)]
 
 
-# Objects whose headers are remembered as sent, at most: a node's working set (a hit
-# must not filter an object's headers again because 4,096 other objects were read since).
-PLAIN_HEADERS_OBJECTS = 1 << 17
+_LEFT_OUT = ("x-amz-checksum-", "x-amz-mp-parts-count")
 
 
-@lru_cache(maxsize=PLAIN_HEADERS_OBJECTS)
 def _plain_headers(headers: Headers, with_parts_count: bool) -> Headers:
     """An object's headers as sent without ``x-amz-checksum-mode: ENABLED`` (no checksums),
-    and without the parts count unless a part was asked for; computed once per object (the
-    object's own tuple when nothing is left out, as for most)."""
-    plain = tuple(
+    and without the parts count unless a part was asked for: the object's own tuple when
+    it has none of those (most have none), found without building anything."""
+    if not any(name.startswith(_LEFT_OUT) for name, _ in headers):
+        return headers
+    return tuple(
         (name, value)
         for name, value in headers
         if not (name.startswith("x-amz-checksum-") and name != "x-amz-checksum-type")
         and (with_parts_count or name != "x-amz-mp-parts-count")
     )
-    return headers if len(plain) == len(headers) else plain
 
 
 def _without_parts_count(headers: Headers) -> Headers:
