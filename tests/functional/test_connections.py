@@ -146,6 +146,38 @@ def test_a_kept_alive_connection_starting_a_head_late_gets_header_timeout_from_i
     assert HEADER_TIMEOUT - 0.1 < elapsed < HEADER_TIMEOUT + SLACK
 
 
+@pytest.fixture(scope="module")
+def patient(
+    origin: str, credentials_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LotaProcess]:
+    """A node whose connections may idle far longer than a head may take (as by default:
+    10 s and 75 s)."""
+    work = tmp_path_factory.mktemp("patient")
+    config = work / "lota.toml"
+    config.write_text('header_timeout = "1s"\nkeepalive_timeout = "6s"\n')
+    node = LotaProcess(
+        ["--config", str(config), "--origin", origin, "--credentials", str(credentials_file)],
+        log_path=work / "lota.log",
+    ).start()
+    yield node
+    node.stop()
+
+
+def test_a_head_begun_on_an_idle_connection_is_timed_from_its_first_byte_not_the_idle_time(
+    patient: LotaProcess,
+) -> None:
+    """The connection's timer is set for its keep-alive deadline, 6 s away, when the head
+    begins: the header clock's deadline is earlier, so the timer is set again for it."""
+    with _connect(patient) as sock:
+        sock.sendall(HEAD + b"\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(1.3)  # the timer set when it opened has fired, and now waits for 6 s
+        sock.sendall(HEAD)
+        elapsed, received = _closed_after(sock)
+    assert _error_code(received) == (408, "RequestTimeout")
+    assert 0.9 < elapsed < 1.0 + SLACK
+
+
 def test_connections_closed_on_a_timeout_are_counted(quick: LotaProcess) -> None:
     def closed(reason: str) -> float:
         found = re.search(
