@@ -29,16 +29,22 @@ def quick(
 ) -> Iterator[LotaProcess]:
     """A node with short connection timeouts."""
     work = tmp_path_factory.mktemp("quick")
-    config = work / "lota.toml"
-    config.write_text(
-        f'header_timeout = "{HEADER_TIMEOUT}s"\nkeepalive_timeout = "{KEEPALIVE_TIMEOUT}s"\n'
-    )
-    node = LotaProcess(
-        ["--config", str(config), "--origin", origin, "--credentials", str(credentials_file)],
-        log_path=work / "lota.log",
-    ).start()
+    node = _node(work, origin, credentials_file, HEADER_TIMEOUT, KEEPALIVE_TIMEOUT)
     yield node
     node.stop()
+
+
+def _node(
+    work: Path, origin: str, credentials: Path, header_timeout: float, keepalive_timeout: float
+) -> LotaProcess:
+    config = work / "lota.toml"
+    config.write_text(
+        f'header_timeout = "{header_timeout}s"\nkeepalive_timeout = "{keepalive_timeout}s"\n'
+    )
+    return LotaProcess(
+        ["--config", str(config), "--origin", origin, "--credentials", str(credentials)],
+        log_path=work / "lota.log",
+    ).start()
 
 
 def _closed_after(
@@ -152,13 +158,7 @@ def patient(
 ) -> Iterator[LotaProcess]:
     """A node whose connections may idle far longer than a head may take (as by default:
     10 s and 75 s)."""
-    work = tmp_path_factory.mktemp("patient")
-    config = work / "lota.toml"
-    config.write_text('header_timeout = "1s"\nkeepalive_timeout = "6s"\n')
-    node = LotaProcess(
-        ["--config", str(config), "--origin", origin, "--credentials", str(credentials_file)],
-        log_path=work / "lota.log",
-    ).start()
+    node = _node(tmp_path_factory.mktemp("patient"), origin, credentials_file, 1, 6)
     yield node
     node.stop()
 

@@ -407,24 +407,35 @@ def test_reads_signed_in_a_header_are_not_remembered(
 ) -> None:
     """A client signs each header-signed request afresh (boto3 does): remembering its
     verdicts would only push presigned URLs out, so a repeat is verified again."""
-    view, bucket, key, when, _ = signed("reader", lambda s3: s3.get_object(Bucket="bkt", Key="k"))
-    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
-    checks: list[str] = []
-    real = auth._verify
-    monkeypatch.setattr(auth, "_verify", lambda *a: checks.append("verify") or real(*a))
-    for _ in range(2):
-        auth.authenticate(view, bucket, key)
+    checks, auth = _sent_twice(
+        credentials, monkeypatch, "reader", lambda s3: s3.get_object(Bucket="bkt", Key="k")
+    )
     assert (checks, len(auth._recent)) == (["verify", "verify"], 0)
 
 
 def test_writes_are_verified_every_time(credentials: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    view, bucket, key, when, _ = signed(
-        "guarded", lambda s3: s3.put_object(Bucket="bkt", Key="k", Body=b"x")
+    checks, _ = _sent_twice(
+        credentials,
+        monkeypatch,
+        "guarded",
+        lambda s3: s3.put_object(Bucket="bkt", Key="k", Body=b"x"),
     )
+    assert checks == ["verify", "verify"]
+
+
+def _sent_twice(
+    credentials: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    principal: str,
+    call: Callable[[Any], object],
+) -> tuple[list[str], Authenticator]:
+    """The same boto3 request from `principal` authenticated twice: a "verify" per full
+    signature check, and the authenticator."""
+    view, bucket, key, when, _ = signed(principal, call)
     auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), FakeClock(when))
     checks: list[str] = []
     real = auth._verify
     monkeypatch.setattr(auth, "_verify", lambda *a: checks.append("verify") or real(*a))
     for _ in range(2):
         auth.authenticate(view, bucket, key)
-    assert checks == ["verify", "verify"]
+    return checks, auth
