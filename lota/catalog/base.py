@@ -125,6 +125,10 @@ class Catalog(abc.ABC):
         (UTF-8 bytes), tombstones included (a listing merge must hide those keys)."""
 
     @abc.abstractmethod
+    async def pending_keys(self, limit: int) -> list[tuple[str, str, int]]:
+        """Bucket, key and seq of up to `limit` latest versions not migrated yet."""
+
+    @abc.abstractmethod
     async def pending_summary(self) -> PendingSummary:
         """Count, bytes, age of the oldest and failures of the latest versions not migrated."""
 
@@ -176,7 +180,8 @@ class Catalog(abc.ABC):
     async def requeue_migration(self, bucket: str, key: str, seq: int) -> bool:
         """Make the migrated latest version `seq` pending again (a late copy of an older
         version may have undone it at an origin that ignores conditional writes); False if
-        it is not the migrated latest version, or its staging copy is gone already."""
+        it is not the migrated latest version, or its staging copy is gone already.
+        Publishes ``requeued``."""
 
     # -- staging copies and uploads --------------------------------------------------------
 

@@ -135,6 +135,8 @@ class EventKind:
     PUT = "put"
     DELETE = "delete"
     MIGRATED = "migrated"
+    REQUEUED = "requeued"
+    """A migrated version (``seq``) is pending again (it goes home once more)."""
     INVALIDATE = "invalidate"
     DOCUMENT = "document"
     """A document (``key``: its name) has a new version; ``seq`` is that version."""

@@ -127,11 +127,19 @@ SELECT coalesce(
     (SELECT max(id) FROM events),
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_id_seq))
 """
-_REQUEUE = """
-UPDATE objects SET state = 'pending', retry_at = 0, retired_at = NULL, migrated_at = NULL,
-    lease_until = 0, last_error = ''
-WHERE seq = $1 AND bucket = $2 AND key = $3 AND latest AND state = 'migrated'
-  AND NOT staging_deleted
+_REQUEUE = f"""
+WITH done AS (
+    UPDATE objects SET state = 'pending', retry_at = 0, retired_at = NULL, migrated_at = NULL,
+        lease_until = 0, last_error = ''
+    WHERE seq = $1 AND bucket = $2 AND key = $3 AND latest AND state = 'migrated'
+      AND NOT staging_deleted
+    RETURNING seq, bucket, key
+), ev AS (
+    INSERT INTO events (at, kind, bucket, key, seq, node)
+    SELECT $5, '{EventKind.REQUEUED}', bucket, key, seq, $4 FROM done
+    RETURNING id
+)
+{_NOTIFY}
 """
 _UPLOAD_COLUMNS = "SELECT bucket, key, upload_id, node, created_at FROM uploads"
 _UPLOADS = f"""
@@ -288,6 +296,10 @@ class PostgresCatalog(Catalog):
         rows = await self._fetch(sql, bucket, *params, limit)
         return [object_from_row(row) for row in rows]
 
+    async def pending_keys(self, limit: int) -> list[tuple[str, str, int]]:
+        sql = "SELECT bucket, key, seq FROM objects WHERE state <> 'migrated' AND latest LIMIT $1"
+        return [(r[0], r[1], int(r[2])) for r in await self._fetch(sql, limit)]
+
     async def pending_summary(self) -> PendingSummary:
         sql = (
             "SELECT count(*), coalesce(sum(size), 0), min(created_at),"
@@ -338,7 +350,10 @@ class PostgresCatalog(Catalog):
         return objects + events + swept
 
     async def requeue_migration(self, bucket: str, key: str, seq: int) -> bool:
-        return await self._execute(_REQUEUE, seq, bucket, key) == 1
+        rows = await self._fetch(_REQUEUE, seq, bucket, key, self.node, self.clock.time())
+        if rows:
+            self._wake_streams()
+        return bool(rows)
 
     # -- staging copies and uploads -------------------------------------------------------
 

@@ -208,6 +208,13 @@ class SQLiteCatalog(Catalog):
         rows = await self._run(self._query, sql, (bucket, *params, limit))
         return [object_from_row(row) for row in rows]
 
+    async def pending_keys(self, limit: int) -> list[tuple[str, str, int]]:
+        sql = (
+            "SELECT bucket, key, seq FROM objects INDEXED BY objects_work"
+            " WHERE state <> 'migrated' AND latest LIMIT ?"
+        )
+        return [(r[0], r[1], int(r[2])) for r in await self._run(self._query, sql, (limit,))]
+
     async def pending_summary(self) -> PendingSummary:
         sql = (
             "SELECT count(*), coalesce(sum(size), 0), min(created_at),"
@@ -266,7 +273,10 @@ class SQLiteCatalog(Catalog):
         return await self._run(self._prune, now, now - versions_older_than, now - events_older_than)
 
     async def requeue_migration(self, bucket: str, key: str, seq: int) -> bool:
-        return await self._run(self._write_count, _REQUEUE, (seq, bucket, key)) == 1
+        if not await self._run(self._requeue, bucket, key, seq, self.clock.time()):
+            return False
+        self._wake_streams()
+        return True
 
     # -- staging copies and uploads -------------------------------------------------------
 
@@ -482,6 +492,13 @@ class SQLiteCatalog(Catalog):
             if conn.execute(_COMPLETE, params).rowcount != 1:
                 return False
             self._insert_event(conn, EventKind.MIGRATED, bucket, key, seq, now)
+            return True
+
+    def _requeue(self, bucket: str, key: str, seq: int, now: float) -> bool:
+        with self._write() as conn:
+            if conn.execute(_REQUEUE, (seq, bucket, key)).rowcount != 1:
+                return False
+            self._insert_event(conn, EventKind.REQUEUED, bucket, key, seq, now)
             return True
 
     def _prune(self, now: float, versions_cutoff: float, events_cutoff: float) -> int:

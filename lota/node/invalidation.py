@@ -32,7 +32,11 @@ INVALIDATING = frozenset(
     }
 )
 # Catalog events after which other nodes' cached copies of the key are stale.
-_INVALIDATING_EVENTS = frozenset({EventKind.PUT, EventKind.DELETE, EventKind.INVALIDATE})
+# (A requeued version went home again because an older one landed after it there: what was
+# read from home meanwhile is that older one.)
+_INVALIDATING_EVENTS = frozenset(
+    {EventKind.PUT, EventKind.DELETE, EventKind.REQUEUED, EventKind.INVALIDATE}
+)
 
 
 class Invalidation:

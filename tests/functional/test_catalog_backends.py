@@ -341,6 +341,17 @@ async def test_failed_migration_backs_off(catalog: Catalog, clock: FakeClock) ->
     assert done.last_error == ""
 
 
+async def test_pending_keys_are_the_latest_versions_not_home(catalog: Catalog) -> None:
+    await catalog.commit_object(pending("x"))
+    x2 = await catalog.commit_object(pending("x"))
+    y = await catalog.commit_object(pending("y"))
+    tomb = await catalog.commit_delete("bkt", "z")
+    await catalog.claim_migrations(limit=10, lease_seconds=60)
+    assert await catalog.complete_migration("bkt", "y", y)
+    assert sorted(await catalog.pending_keys(10)) == [("bkt", "x", x2), ("bkt", "z", tomb)]
+    assert len(await catalog.pending_keys(1)) == 1
+
+
 async def test_a_delete_migrates_too(catalog: Catalog) -> None:
     put = await catalog.commit_object(pending("gone"))
     tomb = await catalog.commit_delete("bkt", "gone")
@@ -358,6 +369,8 @@ async def test_a_migrated_version_is_requeued_only_while_its_staging_copy_is_the
     assert await catalog.requeue_migration("bkt", "again", seq)
     row = await catalog.get_object("bkt", "again")
     assert row is not None and row.state == "pending"
+    *_, event = await catalog.events_after(0, 100)
+    assert (event.kind, event.key, event.seq) == (EventKind.REQUEUED, "again", seq)
     [claimed] = await catalog.claim_migrations(limit=10, lease_seconds=60)
     assert claimed.seq == seq and await catalog.complete_migration("bkt", "again", seq)
     await catalog.staging_deleted([seq])
