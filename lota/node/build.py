@@ -47,6 +47,7 @@ from lota.regions.control import ControlPlane
 from lota.regions.migrator import Migrator
 from lota.regions.origin import POOL_SIZE
 from lota.regions.origins import Origins
+from lota.regions.pending import PendingKeys
 from lota.regions.staging import Staging
 from lota.regions.writes import RegionalRouter
 from lota.tasks import TaskGroup
@@ -204,7 +205,13 @@ async def build_catalog(
         )
         if config.accelerates_writes:
             await _check_staging(accelerator, w.create_staging, tasks)
-        router = RegionalRouter(config, catalog, accelerator, origins)
+        pending = PendingKeys(
+            catalog,
+            poll=catalog.settings.listen_poll_interval,
+            gap_timeout=catalog.settings.gap_timeout,
+        )
+        tasks.start(pending.run(), "pending keys")
+        router = RegionalRouter(config, catalog, accelerator, origins, pending)
         migrator = Migrator(catalog, staging, origins.for_bucket, control, w, metrics, clock)
         if engines:
             tasks.start(migrator.run(), "migrator")

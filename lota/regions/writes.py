@@ -33,6 +33,7 @@ from lota.regions.listing import (
 from lota.regions.origin import OriginClient
 from lota.regions.origin_pages import origin_page
 from lota.regions.origins import Origins
+from lota.regions.pending import PendingKeys
 from lota.regions.uploads import Uploads, is_accelerated_upload
 from lota.s3.addressing import Target
 from lota.s3.errors import S3Error
@@ -64,22 +65,34 @@ class RegionalRouter:
     """Routes the operations the catalog has a say in."""
 
     def __init__(
-        self, config: Config, catalog: Catalog, accelerator: Accelerator, origins: Origins
+        self,
+        config: Config,
+        catalog: Catalog,
+        accelerator: Accelerator,
+        origins: Origins,
+        pending: PendingKeys,
     ) -> None:
         self._config = config
         self.catalog = catalog
+        self.pending = pending
         self.accelerator = accelerator
         self.uploads = Uploads(accelerator, config.body_timeout)
         self._origins = origins
 
     async def read(self, request: web.BaseRequest, target: Target) -> web.StreamResponse | None:
         """A GET or HEAD of a key whose latest version is still on its way home is answered
-        from where it is staged; None for every other read."""
+        from where it is staged; None for every other read. Only a key the mirror of
+        pending keys holds is asked for (:mod:`lota.regions.pending`)."""
         if "versionId" in request.query:
             return None
-        latest = await self.catalog.get_object(target.bucket, target.key)
+        bucket, key = target.bucket, target.key
+        if not await self.pending.may_be_pending(bucket, key):
+            return None
+        held = self.pending.seq(bucket, key)
+        latest = await self.catalog.get_object(bucket, key)
         if latest is not None and latest.pending:
             return await self.accelerator.read(request, target, latest)
+        self.pending.settled(bucket, key, held)
         return None
 
     async def handle(

@@ -1,0 +1,161 @@
+"""Which keys have a latest version still on its way home: :class:`PendingKeys`.
+
+A GET or HEAD through a node with a catalog must see a write accepted anywhere in the
+cluster as soon as its writer got its 200 (the version is served from staging until it is
+home). Asking the catalog for the key on every read costs a query per read, on every
+node: a cluster's reads would all land on one database. Instead each worker mirrors the
+set of pending keys (bucket, key and the newest pending seq), loaded once and kept up to
+date from the catalog's events (``put``/``delete``/``requeued`` add a key, ``migrated``
+removes it, unless a newer version is pending):
+
+* A read waits for the mirror to have heard every event committed before the read
+  arrived (:meth:`PendingKeys.may_be_pending`), then asks the mirror. Reads waiting
+  together share that one refresh (a query for the events after the last one heard,
+  and one for the holes below it: :class:`lota.catalog.events.EventCursor`), so a worker
+  sends the catalog at most one such query at a time, whatever its load; the key itself
+  is asked for (``get_object``) only when the mirror holds it.
+* Idle, the mirror refreshes every ``poll`` seconds, so it never falls far behind.
+* A refresh that fails fails the reads waiting for it (the catalog is down: they would
+  have failed asking it), and the next one loads the whole set again (events may have
+  been pruned meanwhile). So does a mirror that would hold more than `limit` keys: it
+  then answers "maybe" for every key (each read asks the catalog, as without a mirror)
+  until the backlog is under the limit again.
+
+A key the mirror holds whose latest version the catalog says is home (an event replayed
+after a reload) is dropped by :meth:`PendingKeys.settled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from lota.catalog import Catalog, Event, EventKind
+from lota.catalog.events import MAX_GAPS, EventCursor
+from lota.errors import CatalogError
+
+log = logging.getLogger("lota.writes")
+
+MAX_KEYS = 100_000
+"""Pending keys mirrored at most (some 15 MiB); past this every read asks the catalog."""
+BATCH = 1000
+"""Events read per query."""
+
+_ADDS = frozenset({EventKind.PUT, EventKind.DELETE, EventKind.REQUEUED})
+
+
+class PendingKeys:
+    """A worker's mirror of the catalog's pending keys (see the module); :meth:`run` keeps
+    it, as a task."""
+
+    def __init__(
+        self, catalog: Catalog, *, poll: float, gap_timeout: float, limit: int = MAX_KEYS
+    ) -> None:
+        self._catalog = catalog
+        self._poll = poll
+        self._gap_timeout = gap_timeout
+        self._limit = limit
+        self._keys: dict[tuple[str, str], int] = {}
+        self._overflow = False
+        self._cursor: EventCursor | None = None  # None: load the whole set next time
+        self._next: asyncio.Future[CatalogError | None] | None = None
+        self._wanted = asyncio.Event()
+        self.refreshes = 0
+        """Refreshes done (each one or two queries; a reload two)."""
+
+    async def may_be_pending(self, bucket: str, key: str) -> bool:
+        """Whether bucket/key may have a version on its way home, as of a refresh begun
+        after this call (False: the catalog has none). Raises the refresh's
+        :class:`CatalogError`."""
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+            self._wanted.set()
+        failed = await asyncio.shield(self._next)
+        if failed is not None:
+            raise failed
+        return self._overflow or (bucket, key) in self._keys
+
+    def seq(self, bucket: str, key: str) -> int:
+        """The newest pending seq the mirror holds for the key (0: none)."""
+        return self._keys.get((bucket, key), 0)
+
+    def settled(self, bucket: str, key: str, seq: int) -> None:
+        """The catalog said the key's latest version is home after the mirror held `seq`
+        for it (:meth:`seq`): forget it, unless a newer version was heard since."""
+        if seq and self._keys.get((bucket, key)) == seq:
+            del self._keys[(bucket, key)]
+
+    async def run(self) -> None:
+        """Refresh when reads wait, and every `poll` seconds; until cancelled."""
+        waiting: asyncio.Future[CatalogError | None] | None = None
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wanted.wait(), self._poll)
+                self._wanted.clear()
+                waiting, self._next = self._next, None
+                failed = await self._refreshed()
+                self.refreshes += 1
+                if waiting is not None:
+                    waiting.set_result(failed)
+                    waiting = None
+        finally:
+            for left in (waiting, self._next):
+                if left is not None:
+                    left.cancel()
+
+    async def _refreshed(self) -> CatalogError | None:
+        """Refresh; the error that stopped it, if one did (the next one reloads)."""
+        try:
+            await self._refresh()
+            return None
+        except Exception as exc:
+            if not isinstance(exc, CatalogError):
+                log.exception("pending keys: refresh failed")
+                exc = CatalogError(f"pending keys: {exc!r}")
+            elif self._cursor is not None:
+                log.warning("pending keys: %s; reloading them once it answers", exc)
+            self._cursor = None
+            return exc
+
+    async def _refresh(self) -> None:
+        cursor = self._cursor
+        if cursor is None or self._overflow:
+            await self._reload()
+            return
+        while True:
+            events = await self._catalog.events_after(cursor.top, BATCH)
+            more = len(events) == BATCH
+            if cursor.gaps:
+                events += await self._catalog.events_by_id(cursor.gaps)
+            for event in cursor.accept(events, time.monotonic()):
+                self._hear(event)
+            if not more:
+                return
+
+    async def _reload(self) -> None:
+        """The whole set again; then the events from somewhat before it (ids are handed
+        out before their commit: one below the newest may still come, as in a stream)."""
+        top = await self._catalog.last_event_id()
+        if self._overflow and (await self._catalog.pending_summary()).objects > self._limit:
+            return
+        rows = await self._catalog.pending_keys(self._limit + 1)
+        self._overflow = len(rows) > self._limit
+        self._keys = {} if self._overflow else {(b, k): seq for b, k, seq in rows}
+        if self._overflow:
+            log.warning("over %d keys pending: every read asks the catalog", self._limit)
+            return
+        self._cursor = EventCursor(max(0, top - MAX_GAPS), gap_timeout=self._gap_timeout)
+        await self._refresh()
+
+    def _hear(self, event: Event) -> None:
+        name = (event.bucket, event.key)
+        if event.kind in _ADDS:
+            if event.seq > self._keys.get(name, 0):
+                self._keys[name] = event.seq
+                if len(self._keys) > self._limit:
+                    self._cursor = None  # the next refresh finds it over the limit
+        elif event.kind == EventKind.MIGRATED and 0 < self._keys.get(name, 0) <= event.seq:
+            del self._keys[name]

@@ -1,0 +1,191 @@
+"""The mirror of pending keys (lota.regions.pending), on SQLite and on a real PostgreSQL.
+
+Node "a" writes through its catalog; the mirror is node "b"'s. PostgreSQL streams here
+poll every 30 s, and the mirror's own idle refresh waits as long: a read that sees a write
+at once saw it through its own refresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from lota.catalog import Catalog, CatalogSettings, PendingObject, open_catalog
+from lota.clock import FakeClock
+from lota.errors import CatalogError, CatalogUnavailable
+from lota.regions.pending import PendingKeys
+
+pytestmark = pytest.mark.timeout(60)
+
+SETTINGS = CatalogSettings(poll_interval=30.0, listen_poll_interval=30.0, gap_timeout=2.0)
+
+Mirror = Callable[..., Awaitable[PendingKeys]]
+
+
+@pytest.fixture
+async def nodes(catalog_url: str) -> AsyncIterator[tuple[Catalog, Catalog]]:
+    clock = FakeClock()
+    a = await open_catalog(catalog_url, clock=clock, node="node-a", settings=SETTINGS)
+    b = await open_catalog(catalog_url, clock=clock, node="node-b", settings=SETTINGS)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+@pytest.fixture
+async def mirror_of(nodes: tuple[Catalog, Catalog]) -> AsyncIterator[Mirror]:
+    """Starts a mirror of node b's catalog (or of a stand-in for it); stops them at the end."""
+    tasks: list[asyncio.Task[None]] = []
+
+    async def start(catalog: Any = None, **kwargs: Any) -> PendingKeys:
+        mirror = PendingKeys(catalog or nodes[1], poll=30.0, gap_timeout=2.0, **kwargs)
+        tasks.append(asyncio.create_task(mirror.run()))
+        return mirror
+
+    yield start
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def pending(key: str) -> PendingObject:
+    return PendingObject(
+        bucket="bkt",
+        key=key,
+        size=1,
+        etag=f'"{key}"',
+        source_region="us-east",
+        staging_bucket="staging",
+        staging_key=f"stage/{key}",
+    )
+
+
+async def migrate(catalog: Catalog, key: str, seq: int) -> None:
+    await catalog.claim_migrations(limit=100, lease_seconds=60)
+    assert await catalog.complete_migration("bkt", key, seq)
+
+
+class Gated:
+    """A catalog whose event reads, once made, wait at a gate to answer; they may fail."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.reads = 0
+        self.fail = 0
+
+    async def events_after(self, after: int, limit: int) -> Any:
+        if self.fail:
+            self.fail -= 1
+            raise CatalogUnavailable("the catalog is down (test)")
+        events = await self._catalog.events_after(after, limit)
+        self.reads += 1
+        await self.gate.wait()
+        return events
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._catalog, name)
+
+
+async def test_a_write_on_another_node_is_seen_by_the_next_read(
+    nodes: tuple[Catalog, Catalog], mirror_of: Mirror
+) -> None:
+    a, _ = nodes
+    mirror = await mirror_of()
+    assert not await mirror.may_be_pending("bkt", "k")
+    v1 = await a.commit_object(pending("k"))
+    assert await mirror.may_be_pending("bkt", "k")
+    assert not await mirror.may_be_pending("bkt", "other")
+
+    await migrate(a, "k", v1)
+    assert not await mirror.may_be_pending("bkt", "k")
+    assert await a.requeue_migration("bkt", "k", v1)  # goes home again
+    assert await mirror.may_be_pending("bkt", "k")
+
+    # v1 is migrating when v2 is committed: v1's arrival leaves v2 pending.
+    [claimed] = await a.claim_migrations(limit=1, lease_seconds=60)
+    v2 = await a.commit_object(pending("k"))
+    assert await a.complete_migration("bkt", "k", claimed.seq)
+    assert await mirror.may_be_pending("bkt", "k") and mirror.seq("bkt", "k") == v2
+    tomb = await a.commit_delete("bkt", "k")  # a pending delete is pending too
+    await migrate(a, "k", tomb)
+    assert not await mirror.may_be_pending("bkt", "k")
+
+
+async def test_reads_waiting_together_share_one_refresh(
+    nodes: tuple[Catalog, Catalog], mirror_of: Mirror
+) -> None:
+    a, b = nodes
+    gated = Gated(b)
+    mirror = await mirror_of(gated)
+    await a.commit_object(pending("k"))
+    assert await mirror.may_be_pending("bkt", "k")
+    before = mirror.refreshes
+    answers = await asyncio.gather(*(mirror.may_be_pending("bkt", f"{i}") for i in range(200)))
+    assert answers == [False] * 200
+    assert mirror.refreshes - before <= 2
+
+
+async def test_a_read_arriving_during_a_refresh_waits_for_a_later_one(
+    nodes: tuple[Catalog, Catalog], mirror_of: Mirror
+) -> None:
+    a, b = nodes
+    gated = Gated(b)
+    mirror = await mirror_of(gated)
+    assert not await mirror.may_be_pending("bkt", "k")  # loaded
+    gated.gate.clear()
+    reads = gated.reads
+    early = asyncio.create_task(mirror.may_be_pending("bkt", "k"))
+    while gated.reads == reads:  # wait for its refresh to have read the events
+        await asyncio.sleep(0.001)
+    await a.commit_object(pending("k"))  # acknowledged after the refresh began
+    late = asyncio.create_task(mirror.may_be_pending("bkt", "k"))
+    await asyncio.sleep(0.01)
+    gated.gate.set()
+    assert await late
+    assert not await early  # its refresh had begun before the write: it may not see it
+
+
+async def test_a_failed_refresh_fails_its_reads_and_the_next_one_loads_all_again(
+    nodes: tuple[Catalog, Catalog], mirror_of: Mirror
+) -> None:
+    a, b = nodes
+    gated = Gated(b)
+    mirror = await mirror_of(gated)
+    assert not await mirror.may_be_pending("bkt", "k")
+    gated.fail = 1
+    with pytest.raises(CatalogError):
+        await mirror.may_be_pending("bkt", "k")
+    await a.commit_object(pending("k"))
+    assert await mirror.may_be_pending("bkt", "k")
+
+
+async def test_past_its_limit_the_mirror_sends_every_read_to_the_catalog(
+    nodes: tuple[Catalog, Catalog], mirror_of: Mirror
+) -> None:
+    a, _ = nodes
+    mirror = await mirror_of(limit=2)
+    seqs = {key: await a.commit_object(pending(key)) for key in ("x", "y", "z")}
+    assert await mirror.may_be_pending("bkt", "never-written")  # unsure: ask the catalog
+    for key in ("x", "y"):
+        await migrate(a, key, seqs[key])
+    assert not await mirror.may_be_pending("bkt", "never-written")
+    assert await mirror.may_be_pending("bkt", "z")
+    assert not await mirror.may_be_pending("bkt", "x")
+
+
+async def test_a_key_the_catalog_says_is_home_is_forgotten_unless_newer_was_heard(
+    nodes: tuple[Catalog, Catalog], mirror_of: Mirror
+) -> None:
+    a, _ = nodes
+    mirror = await mirror_of()
+    v1 = await a.commit_object(pending("k"))
+    assert await mirror.may_be_pending("bkt", "k")
+    mirror.settled("bkt", "k", v1 - 1)  # an older one was seen home: keep v1
+    assert await mirror.may_be_pending("bkt", "k")
+    mirror.settled("bkt", "k", v1)
+    assert not await mirror.may_be_pending("bkt", "k")
