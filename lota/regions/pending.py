@@ -18,8 +18,8 @@ removes it, unless a newer version is pending):
 * A refresh that fails fails the reads waiting for it (the catalog is down: they would
   have failed asking it), and the next one loads the whole set again (events may have
   been pruned meanwhile). So does a mirror that would hold more than `limit` keys: it
-  then answers "maybe" for every key (each read asks the catalog, as without a mirror)
-  until the backlog is under the limit again.
+  then answers "maybe" for every key at once (each read asks the catalog, as without a
+  mirror) until an idle refresh finds the backlog under the limit again.
 
 A key the mirror holds whose latest version the catalog says is home (an event replayed
 after a reload) is dropped by :meth:`PendingKeys.settled`.
@@ -34,7 +34,7 @@ import time
 
 from lota.catalog import Catalog, Event, EventKind
 from lota.catalog.events import MAX_GAPS, EventCursor
-from lota.errors import CatalogError
+from lota.errors import CatalogError, CatalogUnavailable
 
 log = logging.getLogger("lota.writes")
 
@@ -62,6 +62,7 @@ class PendingKeys:
         self._cursor: EventCursor | None = None  # None: load the whole set next time
         self._next: asyncio.Future[CatalogError | None] | None = None
         self._wanted = asyncio.Event()
+        self._stopped = False
         self.refreshes = 0
         """Refreshes done (each one or two queries; a reload two)."""
 
@@ -69,6 +70,10 @@ class PendingKeys:
         """Whether bucket/key may have a version on its way home, as of a refresh begun
         after this call (False: the catalog has none). Raises the refresh's
         :class:`CatalogError`."""
+        if self._overflow:
+            return True  # the read asks the catalog anyway
+        if self._stopped:
+            raise CatalogUnavailable("the node is stopping: pending keys are not kept")
         if self._next is None:
             self._next = asyncio.get_running_loop().create_future()
             self._wanted.set()
@@ -102,9 +107,10 @@ class PendingKeys:
                     waiting.set_result(failed)
                     waiting = None
         finally:
+            self._stopped = True
             for left in (waiting, self._next):
-                if left is not None:
-                    left.cancel()
+                if left is not None and not left.done():
+                    left.set_result(CatalogUnavailable("the node is stopping"))
 
     async def _refreshed(self) -> CatalogError | None:
         """Refresh; the error that stopped it, if one did (the next one reloads)."""

@@ -40,8 +40,8 @@ async def mirror_of(nodes: tuple[Catalog, Catalog]) -> AsyncIterator[Mirror]:
     """Starts a mirror of node b's catalog (or of a stand-in for it); stops them at the end."""
     tasks: list[asyncio.Task[None]] = []
 
-    async def start(catalog: Any = None, **kwargs: Any) -> PendingKeys:
-        mirror = PendingKeys(catalog or nodes[1], poll=30.0, gap_timeout=2.0, **kwargs)
+    async def start(catalog: Any = None, poll: float = 30.0, **kwargs: Any) -> PendingKeys:
+        mirror = PendingKeys(catalog or nodes[1], poll=poll, gap_timeout=2.0, **kwargs)
         tasks.append(asyncio.create_task(mirror.run()))
         return mirror
 
@@ -168,12 +168,15 @@ async def test_past_its_limit_the_mirror_sends_every_read_to_the_catalog(
     nodes: tuple[Catalog, Catalog], mirror_of: Mirror
 ) -> None:
     a, _ = nodes
-    mirror = await mirror_of(limit=2)
+    mirror = await mirror_of(limit=2, poll=0.05)
     seqs = {key: await a.commit_object(pending(key)) for key in ("x", "y", "z")}
     assert await mirror.may_be_pending("bkt", "never-written")  # unsure: ask the catalog
     for key in ("x", "y"):
         await migrate(a, key, seqs[key])
-    assert not await mirror.may_be_pending("bkt", "never-written")
+    deadline = asyncio.get_running_loop().time() + 5
+    while await mirror.may_be_pending("bkt", "never-written"):  # till an idle refresh
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
     assert await mirror.may_be_pending("bkt", "z")
     assert not await mirror.may_be_pending("bkt", "x")
 
@@ -189,3 +192,17 @@ async def test_a_key_the_catalog_says_is_home_is_forgotten_unless_newer_was_hear
     assert await mirror.may_be_pending("bkt", "k")
     mirror.settled("bkt", "k", v1)
     assert not await mirror.may_be_pending("bkt", "k")
+
+
+async def test_a_stopped_mirror_answers_unavailable_rather_than_leave_reads_waiting(
+    nodes: tuple[Catalog, Catalog],
+) -> None:
+    mirror = PendingKeys(nodes[1], poll=30.0, gap_timeout=2.0)
+    task = asyncio.create_task(mirror.run())
+    assert not await mirror.may_be_pending("bkt", "k")
+    waiting = asyncio.create_task(mirror.may_be_pending("bkt", "k"))
+    task.cancel()
+    with pytest.raises(CatalogUnavailable):
+        await asyncio.wait_for(waiting, 5)
+    with pytest.raises(CatalogUnavailable):
+        await mirror.may_be_pending("bkt", "k")
