@@ -15,6 +15,7 @@ and four ``curl`` clients. Printed: req/s, p50/p99, GB/s for both, and LOTA / ng
 
     python -m bench.nginx                 # ~3 minutes
     python -m bench.nginx --requests 5000 --sets 1000
+    python -m bench.nginx --catalog --sets 1000   # LOTA with a catalog, as write acceleration has
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             'revalidate_after = "1h"\n'
             f'[auth]\ncredentials = "{credentials}"\n'
             f'[regions.us-east]\nendpoint = "{origin.endpoint}"\n'
+            + (f'[catalog]\nurl = "sqlite:///{work / "catalog.db"}"\n' if args.catalog else "")
         )
         env = {"LOTA_WORKERS": str(args.workers), "LOTA_LOG_LEVEL": "WARNING"}
         node = LotaProcess(["--config", str(config)], log_path=work / "lota.log", env=env)
@@ -251,7 +253,11 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                     f"{lota['cpu_us_per_req']:.0f} / {nginx['cpu_us_per_req']:.0f}",
                 ]
             )
-    print(f"\n64 KiB hits, presigned SigV4 URLs; LOTA with {args.workers} workers, nginx with 2")
+    catalog = " and a SQLite catalog" if args.catalog else ""
+    print(
+        f"\n64 KiB hits, presigned SigV4 URLs; LOTA with {args.workers} workers{catalog},"
+        " nginx with 2"
+    )
     print(
         table(
             [
@@ -292,6 +298,9 @@ async def main() -> None:
     parser.add_argument("--sets", default="1000,20000", help="hot set sizes")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--runs", type=int, default=3, help="of each 1 GiB measurement")
+    parser.add_argument(
+        "--catalog", action="store_true", help="LOTA with a catalog (SQLite): reads check it"
+    )
     args = parser.parse_args()
     args.sets = [int(s) for s in args.sets.split(",")]
     if not Path(NGINX).exists():
