@@ -208,7 +208,9 @@ async def build_catalog(
         pending = PendingKeys(
             catalog,
             poll=catalog.settings.listen_poll_interval,
-            gap_timeout=catalog.settings.gap_timeout,
+            # A missing event is a write whose commit may still come: as long as a
+            # statement may take, and then some.
+            gap_timeout=max(catalog.settings.gap_timeout, catalog.settings.command_timeout + 30.0),
         )
         tasks.start(pending.run(), "pending keys")
         router = RegionalRouter(config, catalog, accelerator, origins, pending)

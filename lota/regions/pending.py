@@ -22,13 +22,22 @@ removes it, unless a newer version is pending):
   mirror) until an idle refresh finds the backlog under the limit again.
 
 A key the mirror holds whose latest version the catalog says is home (an event replayed
-after a reload) is dropped by :meth:`PendingKeys.settled`.
+after a reload) is dropped by :meth:`PendingKeys.settled`, unless the mirror heard it
+pending again meanwhile.
+
+Limits. Event ids are handed out before their transaction commits (PostgreSQL): the mirror
+waits for a missing id as long as a catalog statement may take (``gap_timeout``, raised to
+the catalog's ``command_timeout`` and then some by the node), and after a reload replays
+the last 1,000 events (:data:`lota.catalog.events.MAX_GAPS`); a write whose commit lands
+after both would be heard only with its key's next event. Every node of a cluster must
+run a LOTA that publishes ``requeued`` (this one or later).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 
@@ -57,7 +66,9 @@ class PendingKeys:
         self._poll = poll
         self._gap_timeout = gap_timeout
         self._limit = limit
-        self._keys: dict[tuple[str, str], int] = {}
+        # (bucket, key): (the newest pending seq heard, when it was heard: see :meth:`mark`)
+        self._keys: dict[tuple[str, str], tuple[int, int]] = {}
+        self._heard = 0
         self._overflow = False
         self._cursor: EventCursor | None = None  # None: load the whole set next time
         self._next: asyncio.Future[CatalogError | None] | None = None
@@ -79,17 +90,23 @@ class PendingKeys:
             self._wanted.set()
         failed = await asyncio.shield(self._next)
         if failed is not None:
-            raise failed
+            raise copy.copy(failed) from failed  # each its own (a traceback each)
         return self._overflow or (bucket, key) in self._keys
 
     def seq(self, bucket: str, key: str) -> int:
         """The newest pending seq the mirror holds for the key (0: none)."""
-        return self._keys.get((bucket, key), 0)
+        return self._keys.get((bucket, key), (0, 0))[0]
 
-    def settled(self, bucket: str, key: str, seq: int) -> None:
-        """The catalog said the key's latest version is home after the mirror held `seq`
-        for it (:meth:`seq`): forget it, unless a newer version was heard since."""
-        if seq and self._keys.get((bucket, key)) == seq:
+    def mark(self, bucket: str, key: str) -> int:
+        """When the mirror last heard the key is pending (0: it holds no such key), for
+        :meth:`settled`."""
+        return self._keys.get((bucket, key), (0, 0))[1]
+
+    def settled(self, bucket: str, key: str, mark: int) -> None:
+        """The catalog said the key's latest version is home, asked after the mirror held
+        it as of `mark` (:meth:`mark`): forget it, unless it was heard pending since (a
+        newer version, or the same one requeued)."""
+        if mark and self.mark(bucket, key) == mark:
             del self._keys[(bucket, key)]
 
     async def run(self) -> None:
@@ -149,7 +166,9 @@ class PendingKeys:
             return
         rows = await self._catalog.pending_keys(self._limit + 1)
         self._overflow = len(rows) > self._limit
-        self._keys = {} if self._overflow else {(b, k): seq for b, k, seq in rows}
+        self._heard += 1
+        heard = self._heard
+        self._keys = {} if self._overflow else {(b, k): (seq, heard) for b, k, seq in rows}
         if self._overflow:
             log.warning("over %d keys pending: every read asks the catalog", self._limit)
             return
@@ -158,10 +177,12 @@ class PendingKeys:
 
     def _hear(self, event: Event) -> None:
         name = (event.bucket, event.key)
+        held = self._keys.get(name, (0, 0))[0]
         if event.kind in _ADDS:
-            if event.seq > self._keys.get(name, 0):
-                self._keys[name] = event.seq
+            if event.seq > held:
+                self._heard += 1
+                self._keys[name] = (event.seq, self._heard)
                 if len(self._keys) > self._limit:
                     self._cursor = None  # the next refresh finds it over the limit
-        elif event.kind == EventKind.MIGRATED and 0 < self._keys.get(name, 0) <= event.seq:
+        elif event.kind == EventKind.MIGRATED and 0 < held <= event.seq:
             del self._keys[name]

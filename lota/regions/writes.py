@@ -88,11 +88,11 @@ class RegionalRouter:
         bucket, key = target.bucket, target.key
         if not await self.pending.may_be_pending(bucket, key):
             return None
-        held = self.pending.seq(bucket, key)
+        heard = self.pending.mark(bucket, key)
         latest = await self.catalog.get_object(bucket, key)
         if latest is not None and latest.pending:
             return await self.accelerator.read(request, target, latest)
-        self.pending.settled(bucket, key, held)
+        self.pending.settled(bucket, key, heard)
         return None
 
     async def handle(

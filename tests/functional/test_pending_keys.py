@@ -76,7 +76,12 @@ class Gated:
         self.gate = asyncio.Event()
         self.gate.set()
         self.reads = 0
+        self.loads = 0
         self.fail = 0
+
+    async def pending_keys(self, limit: int) -> Any:
+        self.loads += 1
+        return await self._catalog.pending_keys(limit)
 
     async def events_after(self, after: int, limit: int) -> Any:
         if self.fail:
@@ -157,11 +162,14 @@ async def test_a_failed_refresh_fails_its_reads_and_the_next_one_loads_all_again
     gated = Gated(b)
     mirror = await mirror_of(gated)
     assert not await mirror.may_be_pending("bkt", "k")
+    assert not await mirror.may_be_pending("bkt", "k")
+    assert gated.loads == 1  # loaded once, then kept from the events
     gated.fail = 1
     with pytest.raises(CatalogError):
         await mirror.may_be_pending("bkt", "k")
     await a.commit_object(pending("k"))
     assert await mirror.may_be_pending("bkt", "k")
+    assert gated.loads == 2  # events may have been pruned while it failed: loaded again
 
 
 async def test_past_its_limit_the_mirror_sends_every_read_to_the_catalog(
@@ -181,17 +189,23 @@ async def test_past_its_limit_the_mirror_sends_every_read_to_the_catalog(
     assert not await mirror.may_be_pending("bkt", "x")
 
 
-async def test_a_key_the_catalog_says_is_home_is_forgotten_unless_newer_was_heard(
+async def test_a_key_the_catalog_says_is_home_is_forgotten_unless_heard_pending_since(
     nodes: tuple[Catalog, Catalog], mirror_of: Mirror
 ) -> None:
     a, _ = nodes
     mirror = await mirror_of()
     v1 = await a.commit_object(pending("k"))
     assert await mirror.may_be_pending("bkt", "k")
-    mirror.settled("bkt", "k", v1 - 1)  # an older one was seen home: keep v1
+    heard = mirror.mark("bkt", "k")
+    # A read saw v1 home, then (before it said so) the mirror heard v1 requeued.
+    await migrate(a, "k", v1)
+    assert await a.requeue_migration("bkt", "k", v1)
     assert await mirror.may_be_pending("bkt", "k")
-    mirror.settled("bkt", "k", v1)
+    mirror.settled("bkt", "k", heard)
+    assert await mirror.may_be_pending("bkt", "k")
+    mirror.settled("bkt", "k", mirror.mark("bkt", "k"))
     assert not await mirror.may_be_pending("bkt", "k")
+    assert mirror.seq("bkt", "k") == 0
 
 
 async def test_a_stopped_mirror_answers_unavailable_rather_than_leave_reads_waiting(
