@@ -8,6 +8,12 @@ verdict, cacheable, :meth:`lota.cache.reads.ReadPath.hit_now`) and returns the r
 buffers, counted and logged as the front end counts and logs; or declines, with nothing
 counted, and the front end answers the request as if it had never been offered.
 
+With a catalog, a GET may be of a key with a version on its way home, served from
+staging: a request first waits (:class:`lota.node.listener.Later`) for the worker's mirror
+of pending keys to hear every write committed before it came
+(:class:`lota.regions.pending.PendingKeys`), and is declined if its key is among them. Its
+read is recorded as the object's last access, as the front end records it.
+
 A request answered once is remembered, by its exact request line and header section: the
 same request again (a loader reading the same presigned URL each epoch, on any
 connection) is answered from what was decided the first time, while the verdict holds
@@ -35,7 +41,8 @@ from lota.cache.reads import HitPlan, SmallHit
 from lota.logs import AccessLog
 from lota.lru import SizedLru
 from lota.metrics import Metrics
-from lota.node.features import CacheFeature
+from lota.node.features import CacheFeature, CatalogFeature
+from lota.node.listener import Later, Reply
 from lota.node.node import Drain
 from lota.node.requests import next_request_id
 from lota.s3.addressing import Target, is_admin, parse_target
@@ -74,7 +81,7 @@ class AtOnce:
         access_log: AccessLog,
         drain: Drain,
         cache: CacheFeature,
-        catalog_on: bool,
+        catalog: CatalogFeature,
         max_chars: int = MAX_CHARS,
     ) -> None:
         self._domain = domain
@@ -86,7 +93,9 @@ class AtOnce:
         self._hit = cache.hit
         self._hit_again = cache.hit_again
         # With a catalog, a read may be of a version still on its way home: it asks first.
-        self._off = catalog_on or not cache.on
+        self._pending = catalog.pending if catalog.on else None
+        self._access = catalog.access if catalog.on else None
+        self._off = not cache.on or (catalog.on and catalog.pending is None)
         self._remembered: SizedLru[RequestKey, Remembered] = SizedLru(max_chars)
         self._date = ""
         self._tail = b""
@@ -99,20 +108,36 @@ class AtOnce:
         self._cached = metrics.cache_requests.labels("HIT")
         self._cached_seconds = metrics.cache_request_seconds.labels("HIT")
 
-    def answer(self, message: RawRequestMessage, remote: str | None) -> Buffers | None:
+    def answer(
+        self, message: RawRequestMessage, remote: str | None, waited: Later | None = None
+    ) -> Reply:
         """The response to `message` as the buffers to write, counted and logged; None to
-        leave it to the front end. Never raises."""
+        leave it to the front end; with a catalog, first a :class:`Later` (`waited` when
+        it is offered again). Never raises."""
         if self._off or message.method != "GET" or message.version != HttpVersion11:
             return None
         if self._drain.draining:
             return None
-        started = time.perf_counter()
+        if waited is not None:
+            if waited.ready.result() is not None:
+                return None  # the mirror is failing: the front end meets it and answers
+            started = waited.started
+        elif self._pending is not None:
+            ready = self._pending.later()
+            if ready is None:
+                return None
+            self._drain.inflight += 1
+            return Later(ready, self._drain.finished, time.perf_counter())
+        else:
+            started = time.perf_counter()
         key: RequestKey = (message.path, message.raw_headers)
         try:
             known = self._remembered.get(key)
             again = None
             if known is not None and self._auth.holds(known.authorized):
-                again = self._hit_again(known.plan)
+                meta = known.plan.obj.meta
+                if not self._held(meta.bucket, meta.key):
+                    again = self._hit_again(known.plan)
             found = None if again is not None else self._first(message)
         except Exception:  # whatever it is, the front end meets it again and answers it
             return None
@@ -143,8 +168,14 @@ class AtOnce:
         authorized = self._auth.authenticate(view, target.bucket, target.key)
         if authorized.operation.name != Op.GET_OBJECT or not self._cacheable(target, headers):
             return None
+        if self._held(target.bucket, target.key):
+            return None
         hit = self._hit(headers, target)
         return None if hit is None else (authorized, hit)
+
+    def _held(self, bucket: str, key: str) -> bool:
+        """Whether the key may have a version on its way home (then the front end reads)."""
+        return self._pending is not None and self._pending.holds(bucket, key)
 
     def _send(
         self,
@@ -168,6 +199,9 @@ class AtOnce:
         seconds.observe(elapsed)
         self._cached.inc()
         self._cached_seconds.observe(elapsed)
+        if self._access is not None:  # a read served, for tiering
+            meta = hit.plan.obj.meta
+            self._access.record(meta.bucket, meta.key)
         self._access_log.write(
             remote,
             "GET",

@@ -126,7 +126,7 @@ async def build_node(
             access_log=access_log,
             drain=drain,
             cache=cache,
-            catalog_on=catalog.on,
+            catalog=catalog,
         )
         node = Node(config, front.handle, drain, limits, metrics, worker, at_once=at_once.answer)
         drain.ready = True
@@ -245,6 +245,7 @@ async def build_catalog(
             router=router,
             access=access,
             problem=lambda: accelerator.problem,
+            pending=pending,
         )
     finally:
         await tasks.close()  # already done, unless the opening failed half-way

@@ -12,6 +12,7 @@ the node does not have).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,6 +24,7 @@ from lota.cache.intake import WriteCache
 from lota.cache.reads import HitPlan, SmallHit
 from lota.cache.warm import Warm
 from lota.catalog import PendingSummary
+from lota.errors import CatalogError
 from lota.s3.addressing import Target
 from lota.s3.errors import S3Error
 from lota.s3.operations import Operation
@@ -148,6 +150,14 @@ class Shared(Protocol):
     async def pending_summary(self) -> PendingSummary: ...
 
 
+class Pending(Protocol):
+    """Which keys have a version on its way home (:class:`lota.regions.pending.PendingKeys`)."""
+
+    def later(self) -> asyncio.Future[CatalogError | None] | None: ...
+
+    def holds(self, bucket: str, key: str) -> bool: ...
+
+
 def _no_problem() -> str:
     return ""
 
@@ -164,6 +174,8 @@ class CatalogFeature:
     problem: Callable[[], str] = _no_problem
     """Why this node cannot take accelerated writes now ("" when it can): its staging
     bucket is missing or refuses writes. The node is not ready meanwhile."""
+    pending: Pending | None = None
+    """The keys with a version on its way home, mirrored (None: a read asks the router)."""
 
     @classmethod
     def off(cls) -> CatalogFeature:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -54,13 +56,28 @@ from lota.s3.errors import S3Error
 # line keeps aiohttp's 8 KiB bound, at most 128 of them.
 MAX_REQUEST_LINE = 64 * 1024
 
-# A request answered at once: its response's buffers (head, body), or None to decline.
-AtOnce = Callable[[RawRequestMessage, str | None], Sequence[bytes | bytearray] | None]
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """`at_once`'s word for a request it can answer only once `ready` is done (a node with
+    a catalog first hears of the writes committed before the request came). The request
+    stays first in its connection's queue, nothing after it answered, aiohttp's task kept
+    asleep; then it is offered again, with this, and answered or declined as any other.
+    `finish` is called once `ready` is done, whatever became of the connection."""
+
+    ready: asyncio.Future[Any]
+    finish: Callable[[], None]
+    started: float
+    """When the request was first offered (its time counts from there)."""
 
 
-def never_at_once(
-    message: RawRequestMessage, remote: str | None
-) -> Sequence[bytes | bytearray] | None:
+# A request answered at once: its response's buffers (head, body), None to decline, or
+# Later. Offered again after a Later, with it.
+Reply = Sequence[bytes | bytearray] | Later | None
+AtOnce = Callable[[RawRequestMessage, str | None, Later | None], Reply]
+
+
+def never_at_once(message: RawRequestMessage, remote: str | None, waited: Later | None) -> Reply:
     return None
 
 
@@ -88,11 +105,12 @@ class S3RequestHandler(GuardedRequestHandler):
         waiter = idle_waiter(self)
         if waiter is not None:
             hold_waiter(self)
+        waits = False
         try:
             super().data_received(data)
-            self._answer_at_once()
+            waits = self._answer_at_once(waiter, None)
         finally:
-            if waiter is not None:
+            if waiter is not None and not waits:
                 release_waiter(self, waiter)
 
     async def finish_response(
@@ -103,12 +121,15 @@ class S3RequestHandler(GuardedRequestHandler):
         finally:
             self.answering = False
 
-    def _answer_at_once(self) -> None:
+    def _answer_at_once(self, waiter: asyncio.Future[None] | None, waited: Later | None) -> bool:
         """Answer the queued requests `at_once` takes, from the first; stop at the first it
         declines (it and the rest go to aiohttp's task, in order). When all were taken and
         aiohttp had stopped reading (its queue was full), the requests it held back are
-        parsed and answered too."""
-        answered = False
+        parsed and answered too. True when the first left waits for a :class:`Later`
+        (`waiter`, the task's, stays held until it is offered again); with no `waiter`
+        (the task is not asleep: it would take the request meanwhile), declined instead.
+        `waited`: the Later the first request waited for."""
+        answered = waits = False
         transport = self.transport
         while transport is not None and not self.writing_paused:
             message = next_bodiless(self)
@@ -120,8 +141,16 @@ class S3RequestHandler(GuardedRequestHandler):
                 break
             if self._remote is None:
                 self._remote = _remote(self.peername)
-            reply = self._at_once(message, self._remote)
+            reply = self._at_once(message, self._remote, waited)
+            waited = None
             if reply is None:
+                break
+            if isinstance(reply, Later):
+                if waiter is None:
+                    reply.finish()
+                else:
+                    reply.ready.add_done_callback(partial(self._waited, waiter, reply))
+                    waits = True
                 break
             take_message(self)
             transport.writelines(reply)
@@ -130,6 +159,15 @@ class S3RequestHandler(GuardedRequestHandler):
             now = handler_loop(self).time()
             keep_alive_until(self, now + self.keepalive_timeout)
             self.head_answered(now)
+        return waits
+
+    def _waited(self, waiter: asyncio.Future[None], later: Later, _: object) -> None:
+        """The first queued request's :class:`Later` is done: offer it again."""
+        later.finish()
+        if self.transport is None:
+            return  # the connection is gone: aiohttp's task was cancelled
+        if not self._answer_at_once(waiter, later):
+            release_waiter(self, waiter)
 
     def _parse_held_back(self) -> bool:
         """Parse requests aiohttp held back while its queue was full; True if any came."""

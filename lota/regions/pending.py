@@ -83,14 +83,28 @@ class PendingKeys:
         :class:`CatalogError`."""
         if self._overflow:
             return True  # the read asks the catalog anyway
-        if self._stopped:
+        ready = self.later()
+        if ready is None:
             raise CatalogUnavailable("the node is stopping: pending keys are not kept")
+        failed = await asyncio.shield(ready)
+        if failed is not None:
+            raise copy.copy(failed) from failed  # each its own (a traceback each)
+        return self.holds(bucket, key)
+
+    def later(self) -> asyncio.Future[CatalogError | None] | None:
+        """The refresh a read arriving now waits for, begun after now: done when it is
+        (its result: the error that stopped it, or None), then ask :meth:`holds`. None
+        when no refresh is needed (past its limit the mirror holds every key) or none
+        will come (stopped)."""
+        if self._overflow or self._stopped:
+            return None
         if self._next is None:
             self._next = asyncio.get_running_loop().create_future()
             self._wanted.set()
-        failed = await asyncio.shield(self._next)
-        if failed is not None:
-            raise copy.copy(failed) from failed  # each its own (a traceback each)
+        return self._next
+
+    def holds(self, bucket: str, key: str) -> bool:
+        """Whether bucket/key may have a version on its way home, as of the last refresh."""
         return self._overflow or (bucket, key) in self._keys
 
     def seq(self, bucket: str, key: str) -> int:

@@ -20,7 +20,11 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp.http_parser import RawRequestMessage
 
+from lota.catalog import open_catalog
+from lota.clock import FakeClock
+from lota.lifecycle.access import AccessRecorder
 from lota.node.at_once import AtOnce
+from lota.node.listener import Later
 from lota.testing.node import InProcessNode, node_config, running_node
 from tests.conftest import client_for, presigned_get
 
@@ -33,9 +37,12 @@ def answered(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     seen: list[bool] = []
     original = AtOnce.answer
 
-    def spy(self: AtOnce, message: RawRequestMessage, remote: str | None) -> Any:
-        reply = original(self, message, remote)
-        seen.append(reply is not None)
+    def spy(
+        self: AtOnce, message: RawRequestMessage, remote: str | None, waited: Later | None = None
+    ) -> Any:
+        reply = original(self, message, remote, waited)
+        if not isinstance(reply, Later):  # else it is offered again
+            seen.append(reply is not None)
         return reply
 
     monkeypatch.setattr(AtOnce, "answer", spy)
@@ -174,7 +181,7 @@ async def test_hits_answered_at_once_are_the_responses_handle_gives(
 
     at_once = await replies()
     assert answered.count(True) >= 4, answered  # the hits were answered at once
-    monkeypatch.setattr(AtOnce, "answer", lambda self, message, remote: None)
+    monkeypatch.setattr(AtOnce, "answer", lambda self, message, remote, waited=None: None)
     handled = await replies()
     for (name, _), fast, slow in zip(VARIANTS, at_once, handled, strict=True):
         assert _without_date(fast) == _without_date(slow), name
@@ -419,8 +426,10 @@ async def test_requests_signed_in_a_header_are_answered_at_once_but_not_remember
     offered: list[tuple[AtOnce, bool]] = []
     original = AtOnce.answer
 
-    def spy(self: AtOnce, message: RawRequestMessage, remote: str | None) -> Any:
-        reply = original(self, message, remote)
+    def spy(
+        self: AtOnce, message: RawRequestMessage, remote: str | None, waited: Later | None = None
+    ) -> Any:
+        reply = original(self, message, remote, waited)
         offered.append((self, reply is not None))
         return reply
 
@@ -442,3 +451,69 @@ async def test_requests_signed_in_a_header_are_answered_at_once_but_not_remember
         finally:
             conn.close()
     assert (remembered, len(at_once._remembered)) == (1, 1)
+
+
+async def test_with_a_catalog_hits_are_answered_at_once_until_a_write_is_pending(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    answered: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each hit waits for the mirror of pending keys, is recorded as an access, and a
+    delete committed elsewhere (pending: its key reads 404 everywhere) is never answered
+    with the cached bytes."""
+    recorded: list[tuple[str, str]] = []
+    original = AccessRecorder.record
+
+    def spy(self: AccessRecorder, bucket: str, key: str, at: float | None = None) -> None:
+        recorded.append((bucket, key))
+        original(self, bucket, key, at)
+
+    monkeypatch.setattr(AccessRecorder, "record", spy)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=b"v1" * 1000)
+    url_of_catalog = f"sqlite:///{tmp_path / 'catalog.db'}"
+    more = {"catalog.url": url_of_catalog}
+    async with _node(origin, credentials_file, tmp_path / "cache", **more) as node:
+        url = presigned_get(node.url, bucket, "k")
+        conn = await Connection.open(node.url)
+        other = await open_catalog(url_of_catalog, clock=FakeClock(), node="elsewhere")
+        try:
+            await _until_hit(conn, url)
+            answered.clear()
+            recorded.clear()
+            replies = [await conn.get(request(url)) for _ in range(3)]
+            assert [r[0] for r in replies] == [200] * 3 and answered == [True] * 3
+            assert replies[2][2] == b"v1" * 1000
+            assert recorded == [(bucket, "k")] * 3
+
+            # Pipelined, each waits in its turn; one whose connection closes while it
+            # waits leaves nothing in flight.
+            conn.send(request(url, range="bytes=0-1"), request(url, range="bytes=2-5"))
+            conn.send(request(url))
+            got = [await conn.reply() for _ in range(3)]
+            assert [(r[0], r[2]) for r in got] == [
+                (206, b"v1"),
+                (206, b"v1v1"),
+                (200, b"v1" * 1000),
+            ]
+            gone = await Connection.open(node.url)
+            gone.send(request(url))
+            gone.close()
+            for _ in range(100):
+                if _metric(await node.metrics(), "lota_inflight_requests") == 1:  # the scrape
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("a request stayed in flight")
+
+            await other.commit_delete(bucket, "k")
+            answered.clear()
+            status, _, body = await conn.get(request(url))
+            assert status == 404 and b"NoSuchKey" in body
+            assert answered == [False]
+        finally:
+            conn.close()
+            await other.close()
