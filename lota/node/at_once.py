@@ -116,13 +116,17 @@ class AtOnce:
         it is offered again). Never raises."""
         if self._off or message.method != "GET" or message.version != HttpVersion11:
             return None
-        if self._drain.draining:
-            return None
-        if waited is not None:
-            if waited.ready.result() is not None:
+        if waited is not None:  # counted in flight: answered even if a drain began since
+            done = waited.ready
+            if done.cancelled() or done.exception() is not None or done.result() is not None:
                 return None  # the mirror is failing: the front end meets it and answers
             started = waited.started
+        elif self._drain.draining:
+            return None
         elif self._pending is not None:
+            host = message.headers.get("host")
+            if host is None or is_admin(host, message.path, self._domain):
+                return None  # never kept waiting for the catalog: probes, metrics
             ready = self._pending.later()
             if ready is None:
                 return None
@@ -199,7 +203,7 @@ class AtOnce:
         seconds.observe(elapsed)
         self._cached.inc()
         self._cached_seconds.observe(elapsed)
-        if self._access is not None:  # a read served, for tiering
+        if self._access is not None:  # a read served (200 or 206), for tiering
             meta = hit.plan.obj.meta
             self._access.record(meta.bucket, meta.key)
         self._access_log.write(

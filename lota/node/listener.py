@@ -95,6 +95,8 @@ class S3RequestHandler(GuardedRequestHandler):
         # While requests aiohttp held back are parsed: they are answered by the loop that
         # asked for them, not by a call within it.
         self._resuming = False
+        # aiohttp's task's future, held while the first queued request waits for a Later.
+        self._held: asyncio.Future[None] | None = None
 
     def data_received(self, data: bytes) -> None:
         if self._resuming or self.answering or queued_requests(self) or self.writing_paused:
@@ -150,6 +152,7 @@ class S3RequestHandler(GuardedRequestHandler):
                     reply.finish()
                 else:
                     reply.ready.add_done_callback(partial(self._waited, waiter, reply))
+                    self._held = waiter
                     waits = True
                 break
             take_message(self)
@@ -162,12 +165,35 @@ class S3RequestHandler(GuardedRequestHandler):
         return waits
 
     def _waited(self, waiter: asyncio.Future[None], later: Later, _: object) -> None:
-        """The first queued request's :class:`Later` is done: offer it again."""
+        """The first queued request's :class:`Later` is done: offer it again; if the
+        connection is gone or closing, end aiohttp's task (nothing else would wake it)."""
+        self._held = None
         later.finish()
+        if waiter.done():
+            return  # cancelled by close(): the task has ended
         if self.transport is None:
-            return  # the connection is gone: aiohttp's task was cancelled
-        if not self._answer_at_once(waiter, later):
-            release_waiter(self, waiter)
+            waiter.cancel()
+            return
+        waits = False
+        try:
+            waits = self._answer_at_once(waiter, later)
+        finally:
+            if not waits:
+                release_waiter(self, waiter)
+
+    def close(self) -> None:
+        super().close()
+        self._cancel_held()
+
+    def force_close(self) -> None:
+        super().force_close()
+        self._cancel_held()
+
+    def _cancel_held(self) -> None:
+        """aiohttp cancels the future its task sleeps on to end it; while a request waits
+        for a :class:`Later`, that future is held here."""
+        if self._held is not None and not self._held.done():
+            self._held.cancel()
 
     def _parse_held_back(self) -> bool:
         """Parse requests aiohttp held back while its queue was full; True if any came."""

@@ -25,6 +25,7 @@ from lota.clock import FakeClock
 from lota.lifecycle.access import AccessRecorder
 from lota.node.at_once import AtOnce
 from lota.node.listener import Later
+from lota.regions.pending import PendingKeys
 from lota.testing.node import InProcessNode, node_config, running_node
 from tests.conftest import client_for, presigned_get
 
@@ -489,8 +490,7 @@ async def test_with_a_catalog_hits_are_answered_at_once_until_a_write_is_pending
             assert replies[2][2] == b"v1" * 1000
             assert recorded == [(bucket, "k")] * 3
 
-            # Pipelined, each waits in its turn; one whose connection closes while it
-            # waits leaves nothing in flight.
+            # Pipelined, each waits in its turn.
             conn.send(request(url, range="bytes=0-1"), request(url, range="bytes=2-5"))
             conn.send(request(url))
             got = [await conn.reply() for _ in range(3)]
@@ -499,15 +499,23 @@ async def test_with_a_catalog_hits_are_answered_at_once_until_a_write_is_pending
                 (206, b"v1v1"),
                 (200, b"v1" * 1000),
             ]
+
+            # A client that leaves while its request waits: its connection's task ends
+            # (aiohttp's sleeps on a future held meanwhile), nothing stays in flight.
+            others = _connection_tasks()
             gone = await Connection.open(node.url)
+            assert (await gone.get(request(url)))[0] == 200
+            await asyncio.sleep(0.1)  # its task, done with that one, sleeps till the next
+            [task] = _connection_tasks() - others  # held here: its end is seen, not its loss
+            gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            monkeypatch.setattr(PendingKeys, "later", lambda self: gate)
             gone.send(request(url))
+            await _until(node, lambda: not task.done(), in_flight=1)
             gone.close()
-            for _ in range(100):
-                if _metric(await node.metrics(), "lota_inflight_requests") == 1:  # the scrape
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError("a request stayed in flight")
+            await asyncio.sleep(0.1)
+            gate.set_result(None)
+            monkeypatch.undo()
+            await _until(node, task.done, in_flight=0)
 
             await other.commit_delete(bucket, "k")
             answered.clear()
@@ -517,3 +525,18 @@ async def test_with_a_catalog_hits_are_answered_at_once_until_a_write_is_pending
         finally:
             conn.close()
             await other.close()
+
+
+def _connection_tasks() -> set[asyncio.Task[Any]]:
+    """aiohttp's tasks serving a connection each, in this process."""
+    return {t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "RequestHandler.start"}
+
+
+async def _until(node: InProcessNode, done: Callable[[], bool], *, in_flight: int) -> None:
+    """Until `done`, and this many requests in flight (the scrape that asks not counted)."""
+    for _ in range(200):
+        counted = _metric(await node.metrics(), "lota_inflight_requests") - 1
+        if done() and counted == in_flight:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not yet, and {counted} in flight")
