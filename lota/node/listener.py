@@ -12,6 +12,8 @@ else in hand is first offered to the server's `at_once` (the front end's
 then, as the parser hands it over, with one write; aiohttp's task, request and response
 objects cost more than the hit itself (``python -m bench.nginx``). Whatever `at_once`
 declines, and everything after it on that connection, goes the usual way, in order.
+`at_once` may also answer :class:`Later`: the request stays first in the queue, aiohttp's
+task asleep, until the Later's future is done; then it is offered again.
 """
 
 from __future__ import annotations
