@@ -107,10 +107,6 @@ class PendingKeys:
         """Whether bucket/key may have a version on its way home, as of the last refresh."""
         return self._overflow or (bucket, key) in self._keys
 
-    def seq(self, bucket: str, key: str) -> int:
-        """The newest pending seq the mirror holds for the key (0: none)."""
-        return self._keys.get((bucket, key), (0, 0))[0]
-
     def mark(self, bucket: str, key: str) -> int:
         """When the mirror last heard the key is pending (0: it holds no such key), for
         :meth:`settled`."""

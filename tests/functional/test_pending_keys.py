@@ -113,9 +113,9 @@ async def test_a_write_on_another_node_is_seen_by_the_next_read(
 
     # v1 is migrating when v2 is committed: v1's arrival leaves v2 pending.
     [claimed] = await a.claim_migrations(limit=1, lease_seconds=60)
-    v2 = await a.commit_object(pending("k"))
+    await a.commit_object(pending("k"))
     assert await a.complete_migration("bkt", "k", claimed.seq)
-    assert await mirror.may_be_pending("bkt", "k") and mirror.seq("bkt", "k") == v2
+    assert await mirror.may_be_pending("bkt", "k")
     tomb = await a.commit_delete("bkt", "k")  # a pending delete is pending too
     await migrate(a, "k", tomb)
     assert not await mirror.may_be_pending("bkt", "k")
@@ -205,7 +205,7 @@ async def test_a_key_the_catalog_says_is_home_is_forgotten_unless_heard_pending_
     assert await mirror.may_be_pending("bkt", "k")
     mirror.settled("bkt", "k", mirror.mark("bkt", "k"))
     assert not await mirror.may_be_pending("bkt", "k")
-    assert mirror.seq("bkt", "k") == 0
+    assert mirror.mark("bkt", "k") == 0
 
 
 async def test_a_stopped_mirror_answers_unavailable_rather_than_leave_reads_waiting(
