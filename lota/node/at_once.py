@@ -92,7 +92,8 @@ class AtOnce:
         self._cacheable: Callable[[Target, Mapping[str, str]], bool] = cache.cacheable
         self._hit = cache.hit
         self._hit_again = cache.hit_again
-        # With a catalog, a read may be of a version still on its way home: it asks first.
+        # With a catalog, a read may be of a version still on its way home: it waits for
+        # the mirror of pending keys to hear of the writes before it (Later), then asks it.
         self._pending = catalog.pending if catalog.on else None
         self._access = catalog.access if catalog.on else None
         self._off = not cache.on or (catalog.on and catalog.pending is None)
