@@ -112,7 +112,7 @@ class S3RequestHandler(GuardedRequestHandler):
         waits = False
         try:
             super().data_received(data)
-            waits = self._answer_at_once(waiter, None)
+            waits = self._answer_at_once(waiter, None, 0)
         finally:
             if waiter is not None and not waits:
                 release_waiter(self, waiter)
@@ -125,14 +125,17 @@ class S3RequestHandler(GuardedRequestHandler):
         finally:
             self.answering = False
 
-    def _answer_at_once(self, waiter: asyncio.Future[None] | None, waited: Later | None) -> bool:
+    def _answer_at_once(
+        self, waiter: asyncio.Future[None] | None, waited: Later | None, covered: int
+    ) -> bool:
         """Answer the queued requests `at_once` takes, from the first; stop at the first it
         declines (it and the rest go to aiohttp's task, in order). When all were taken and
         aiohttp had stopped reading (its queue was full), the requests it held back are
         parsed and answered too. True when the first left waits for a :class:`Later`
         (`waiter`, the task's, stays held until it is offered again); with no `waiter`
         (the task is not asleep: it would take the request meanwhile), declined instead.
-        `waited`: the Later the first request waited for."""
+        `waited`: the Later the first `covered` requests waited for (they were queued when
+        it was made, so before what it waited for began)."""
         answered = waits = False
         transport = self.transport
         while transport is not None and not self.writing_paused:
@@ -146,14 +149,17 @@ class S3RequestHandler(GuardedRequestHandler):
             if self._remote is None:
                 self._remote = _remote(self.peername)
             reply = self._at_once(message, self._remote, waited)
-            waited = None
+            covered -= 1
+            if covered <= 0:
+                waited = None
             if reply is None:
                 break
             if isinstance(reply, Later):
                 if waiter is None:
                     reply.finish()
                 else:
-                    reply.ready.add_done_callback(partial(self._waited, waiter, reply))
+                    waiting = partial(self._waited, waiter, reply, queued_requests(self))
+                    reply.ready.add_done_callback(waiting)
                     self._held = waiter
                     waits = True
                 break
@@ -166,9 +172,10 @@ class S3RequestHandler(GuardedRequestHandler):
             self.head_answered(now)
         return waits
 
-    def _waited(self, waiter: asyncio.Future[None], later: Later, _: object) -> None:
-        """The first queued request's :class:`Later` is done: offer it again; if the
-        connection is gone or closing, end aiohttp's task (nothing else would wake it)."""
+    def _waited(self, waiter: asyncio.Future[None], later: Later, covered: int, _: object) -> None:
+        """The first queued request's :class:`Later` is done: offer it again (and the
+        `covered` requests queued with it); if the connection is gone or closing, end
+        aiohttp's task (nothing else would wake it)."""
         self._held = None
         later.finish()
         if waiter.done():
@@ -178,7 +185,7 @@ class S3RequestHandler(GuardedRequestHandler):
             return
         waits = False
         try:
-            waits = self._answer_at_once(waiter, later)
+            waits = self._answer_at_once(waiter, later, covered)
         finally:
             if not waits:
                 release_waiter(self, waiter)

@@ -490,15 +490,22 @@ async def test_with_a_catalog_hits_are_answered_at_once_until_a_write_is_pending
             assert replies[2][2] == b"v1" * 1000
             assert recorded == [(bucket, "k")] * 3
 
-            # Pipelined, each waits in its turn.
-            conn.send(request(url, range="bytes=0-1"), request(url, range="bytes=2-5"))
-            conn.send(request(url))
-            got = [await conn.reply() for _ in range(3)]
+            # Pipelined, in one write: they wait together for one refresh, and are
+            # answered in order.
+            waits: list[int] = []
+            real_later = PendingKeys.later
+            with monkeypatch.context() as patched:
+                patched.setattr(PendingKeys, "later", lambda m: waits.append(1) or real_later(m))
+                conn.send(
+                    request(url, range="bytes=0-1") + request(url, range="bytes=2-5") + request(url)
+                )
+                got = [await conn.reply() for _ in range(3)]
             assert [(r[0], r[2]) for r in got] == [
                 (206, b"v1"),
                 (206, b"v1v1"),
                 (200, b"v1" * 1000),
             ]
+            assert len(waits) == 1
 
             # A client that leaves while its request waits: its connection's task ends
             # (aiohttp's sleeps on a future held meanwhile), nothing stays in flight.
@@ -508,13 +515,13 @@ async def test_with_a_catalog_hits_are_answered_at_once_until_a_write_is_pending
             await asyncio.sleep(0.1)  # its task, done with that one, sleeps till the next
             [task] = _connection_tasks() - others  # held here: its end is seen, not its loss
             gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            monkeypatch.setattr(PendingKeys, "later", lambda self: gate)
-            gone.send(request(url))
-            await _until(node, lambda: not task.done(), in_flight=1)
-            gone.close()
-            await asyncio.sleep(0.1)
-            gate.set_result(None)
-            monkeypatch.undo()
+            with monkeypatch.context() as patched:
+                patched.setattr(PendingKeys, "later", lambda self: gate)
+                gone.send(request(url))
+                await _until(node, lambda: not task.done(), in_flight=1)
+                gone.close()
+                await asyncio.sleep(0.1)
+                gate.set_result(None)
             await _until(node, task.done, in_flight=0)
 
             await other.commit_delete(bucket, "k")
