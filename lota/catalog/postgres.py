@@ -77,19 +77,30 @@ FROM picked WHERE t.seq = picked.seq
 RETURNING {", ".join(f"t.{c}" for c in OBJECT_COLUMNS.split(", "))}
 """
 _HELD = "seq = $1 AND bucket = $2 AND key = $3 AND state = 'migrating' AND lease_node = $4"
-_COMPLETE = f"""
+
+
+def _publishing(update: str, kind: str) -> str:
+    """`update` of one version (returning its seq, bucket and key), with an event of
+    `kind` about it in the same statement, and its NOTIFY ($4: the node, $5: now)."""
+    return f"""
 WITH done AS (
-    UPDATE objects SET state = 'migrated', migrated_at = $5,
-        retired_at = coalesce(retired_at, $5), lease_until = 0, last_error = ''
-    WHERE {_HELD}
+    {update}
     RETURNING seq, bucket, key
 ), ev AS (
     INSERT INTO events (at, kind, bucket, key, seq, node)
-    SELECT $5, '{EventKind.MIGRATED}', bucket, key, seq, $4 FROM done
+    SELECT $5, '{kind}', bucket, key, seq, $4 FROM done
     RETURNING id
 )
 {_NOTIFY}
 """
+
+
+_COMPLETE = _publishing(
+    f"""UPDATE objects SET state = 'migrated', migrated_at = $5,
+        retired_at = coalesce(retired_at, $5), lease_until = 0, last_error = ''
+    WHERE {_HELD}""",
+    EventKind.MIGRATED,
+)
 _FAIL = f"""
 UPDATE objects SET state = 'pending', last_error = $5, retry_at = $6, lease_until = 0
 WHERE {_HELD}
@@ -127,20 +138,13 @@ SELECT coalesce(
     (SELECT max(id) FROM events),
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_id_seq))
 """
-_REQUEUE = f"""
-WITH done AS (
-    UPDATE objects SET state = 'pending', retry_at = 0, retired_at = NULL, migrated_at = NULL,
+_REQUEUE = _publishing(
+    """UPDATE objects SET state = 'pending', retry_at = 0, retired_at = NULL, migrated_at = NULL,
         lease_until = 0, last_error = ''
     WHERE seq = $1 AND bucket = $2 AND key = $3 AND latest AND state = 'migrated'
-      AND NOT staging_deleted
-    RETURNING seq, bucket, key
-), ev AS (
-    INSERT INTO events (at, kind, bucket, key, seq, node)
-    SELECT $5, '{EventKind.REQUEUED}', bucket, key, seq, $4 FROM done
-    RETURNING id
+      AND NOT staging_deleted""",
+    EventKind.REQUEUED,
 )
-{_NOTIFY}
-"""
 _UPLOAD_COLUMNS = "SELECT bucket, key, upload_id, node, created_at FROM uploads"
 _UPLOADS = f"""
 {_UPLOAD_COLUMNS}
