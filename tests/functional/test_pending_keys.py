@@ -1,4 +1,5 @@
-"""The mirror of pending keys (lota.regions.pending), on SQLite and on a real PostgreSQL.
+"""The mirror of pending keys (lota.regions.pending), on SQLite and on a real PostgreSQL,
+and a node's reads asking it.
 
 Node "a" writes through its catalog; the mirror is node "b"'s. PostgreSQL streams here
 poll every 30 s, and the mirror's own idle refresh waits as long: a read that sees a write
@@ -9,14 +10,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from lota.catalog import Catalog, CatalogSettings, PendingObject, open_catalog
+from lota.catalog.sqlite import SQLiteCatalog
 from lota.clock import FakeClock
 from lota.errors import CatalogError, CatalogUnavailable
 from lota.regions.pending import PendingKeys
+from lota.testing.node import node_config, running_node
+from tests.conftest import client_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -220,3 +226,43 @@ async def test_a_stopped_mirror_answers_unavailable_rather_than_leave_reads_wait
         await asyncio.wait_for(waiting, 5)
     with pytest.raises(CatalogUnavailable):
         await mirror.may_be_pending("bkt", "k")
+
+
+async def test_a_node_asks_the_catalog_for_a_key_only_when_its_mirror_holds_it(
+    origin: str, origin_s3: Any, bucket: str, credentials_file: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Through the front end (HEAD is never answered at once): reads of a key with nothing
+    pending cost no get_object; one committed elsewhere, pending, is asked for and seen."""
+    asked: list[str] = []
+    real = SQLiteCatalog.get_object
+
+    async def get_object(self: SQLiteCatalog, bucket: str, key: str) -> Any:
+        asked.append(key)
+        return await real(self, bucket, key)
+
+    monkeypatch.setattr(SQLiteCatalog, "get_object", get_object)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=b"v1")
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    settings = {
+        "origin": origin,
+        "auth.mode": "sigv4",
+        "auth.credentials": str(credentials_file),
+        "cache.dirs": [str(tmp_path / "cache")],
+        "catalog.url": url,
+    }
+    async with running_node(node_config(settings)) as node:
+        s3 = client_for(node.url)
+        for _ in range(5):
+            head = await asyncio.to_thread(s3.head_object, Bucket=bucket, Key="k")
+            assert head["ContentLength"] == 2
+        assert asked == []
+        other = await open_catalog(url, clock=FakeClock(), node="elsewhere")
+        try:
+            await other.commit_delete(bucket, "k")
+        finally:
+            await other.close()
+        with pytest.raises(ClientError) as refused:
+            await asyncio.to_thread(s3.head_object, Bucket=bucket, Key="k")
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+        assert asked == ["k"]
