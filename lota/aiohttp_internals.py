@@ -19,6 +19,9 @@ findable when aiohttp changes:
   queue of parsed requests (``RequestHandler._messages``, ``_waiter``, ``_parser``,
   ``_next_keepalive_close_time``), so that a request answerable at once is answered as
   it is parsed, without a task, a request and a response object (lota.node.listener).
+- :func:`queued_messages`, :func:`parser_holding`, :func:`closing`: whether the parser
+  is between two requests (``_messages``, ``_max_msg_queue_size``, ``_upgraded``,
+  ``_close``, ``_force_close``), so that a request seen before is answered from its bytes, unparsed.
 - :func:`http_date`: ``aiohttp.helpers.rfc822_formatted_time``, the Date header aiohttp
   writes (formatted once a second), for responses written without it.
 - :func:`extend_read_timeout`: ``ResponseHandler.read_timeout`` and ``start_timeout()``
@@ -51,6 +54,23 @@ from aiohttp.web_protocol import RequestHandler
 def queued_requests(handler: RequestHandler) -> int:
     """How many parsed request heads wait on this connection to be answered."""
     return len(handler._messages)
+
+
+def queued_messages(handler: RequestHandler) -> list[tuple[Any, Any]]:
+    """The parsed request heads waiting on this connection, each with its body's reader."""
+    return list(handler._messages)
+
+
+def parser_holding(handler: RequestHandler) -> bool:
+    """Whether the parser may hold bytes back: the connection was upgraded, or its queue
+    is full (aiohttp >= 3.14 stops parsing once it holds ``_max_msg_queue_size``)."""
+    limit = getattr(handler, "_max_msg_queue_size", 0)
+    return handler._upgraded or (bool(limit) and len(handler._messages) >= limit)
+
+
+def closing(handler: RequestHandler) -> bool:
+    """Whether the connection is closing (aiohttp then parses nothing more of it)."""
+    return bool(handler._force_close or handler._close)
 
 
 def idle_waiter(handler: RequestHandler) -> asyncio.Future[None] | None:

@@ -14,20 +14,22 @@ of pending keys to hear every write committed before it came
 (:class:`lota.regions.pending.PendingKeys`), and is declined if its key is among them. Its
 read is recorded as the object's last access, as the front end records it.
 
-A request answered once is remembered, by its exact request line and header section: the
-same request again (a loader reading the same presigned URL each epoch, on any
-connection) is answered from what was decided the first time, while the verdict holds
-(the signature's validity window), the cache entry is alive and fresh, and its bytes are
-at hand; the headers are written once, but for Date. Bounded by what the remembered
-requests hold (:data:`MAX_CHARS`), least recently used forgotten first. A request signed in
-an Authorization header is not remembered: its client signs every request afresh.
+A request answered once is remembered, by its exact request line and header section (by
+the bytes it came in as, when the connection saw them whole): the same request again (a
+loader reading the same presigned URL each epoch, on any connection) is answered from
+what was decided the first time, while the verdict holds (the signature's validity
+window), the cache entry is alive and fresh, and its bytes are at hand; the headers are
+written once, but for Date. Offered as bytes (:meth:`AtOnce.again`), it is answered
+before it is even parsed. Bounded by what the remembered requests hold
+(:data:`MAX_CHARS`), least recently used forgotten first. A request signed in an
+Authorization header is not remembered: its client signs every request afresh.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -42,7 +44,7 @@ from lota.logs import AccessLog
 from lota.lru import SizedLru
 from lota.metrics import Metrics
 from lota.node.features import CacheFeature, CatalogFeature
-from lota.node.listener import Later, Reply
+from lota.node.listener import Buffers, Later, Reply
 from lota.node.node import Drain
 from lota.node.requests import next_request_id
 from lota.s3.addressing import Target, is_admin, parse_target
@@ -54,8 +56,8 @@ _FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # some 20,000 presigned GETs.
 MAX_CHARS = 24 * 1024 * 1024
 
-Buffers = Sequence[bytes | bytearray]
-RequestKey = tuple[str, tuple[tuple[bytes, bytes], ...]]
+# A request remembered: the bytes it came in as, or its path and headers as parsed.
+RequestKey = bytes | tuple[str, tuple[tuple[bytes, bytes], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class Remembered:
     head: bytes
     """The response's status line and headers, all but Date and Server."""
     principal: str
+    path: str
+    """The request's target, as the access log names it."""
 
 
 class AtOnce:
@@ -110,11 +114,16 @@ class AtOnce:
         self._cached_seconds = metrics.cache_request_seconds.labels("HIT")
 
     def answer(
-        self, message: RawRequestMessage, remote: str | None, waited: Later | None = None
+        self,
+        message: RawRequestMessage,
+        remote: str | None,
+        waited: Later | None = None,
+        raw: bytes | None = None,
     ) -> Reply:
         """The response to `message` as the buffers to write, counted and logged; None to
         leave it to the front end; with a catalog, first a :class:`Later` (`waited` when
-        it is offered again). Never raises."""
+        it is offered again). `raw`: the bytes it came in as, when they were exactly this
+        request (it is remembered by them). Never raises."""
         if self._off or message.method != "GET" or message.version != HttpVersion11:
             return None
         if waited is not None:  # counted in flight: answered even if a drain began since
@@ -135,20 +144,16 @@ class AtOnce:
             return Later(ready, self._drain.finished, time.perf_counter())
         else:
             started = time.perf_counter()
-        key: RequestKey = (message.path, message.raw_headers)
+        key: RequestKey = raw if raw is not None else (message.path, message.raw_headers)
         try:
             known = self._remembered.get(key)
-            again = None
-            if known is not None and self._auth.holds(known.authorized):
-                meta = known.plan.obj.meta
-                if not self._held(meta.bucket, meta.key):
-                    again = self._hit_again(known.plan)
+            again = None if known is None else self._hit_known(known)
             found = None if again is not None else self._first(message)
         except Exception:  # whatever it is, the front end meets it again and answers it
             return None
         if known is not None:
             if again is not None:
-                return self._send(again, known.head, known.principal, message, remote, started)
+                return self._send(again, known, remote, started)
             self._remembered.pop(key)
         if found is None:
             return None
@@ -157,10 +162,43 @@ class AtOnce:
         if head is None:
             return None
         principal = authorized.principal.name if authorized.principal is not None else "-"
+        known = Remembered(authorized, hit.plan, head, principal, message.path)
         if "authorization" not in message.headers:
-            size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in key[1])
-            self._remembered.put(key, Remembered(authorized, hit.plan, head, principal), size)
-        return self._send(hit, head, principal, message, remote, started)
+            if raw is not None:
+                size = len(raw) + len(head)
+            else:
+                fields = message.raw_headers
+                size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in fields)
+            self._remembered.put(key, known, size)
+        return self._send(hit, known, remote, started)
+
+    def again(self, raw: bytes, remote: str | None) -> Buffers | None:
+        """The response to the request that came in as the bytes `raw`, if it was answered
+        here before and still holds (see the module): the buffers to write, counted and
+        logged; None to parse it and answer it the usual way. Never raises."""
+        if self._off or self._pending is not None or self._drain.draining:
+            return None
+        known = self._remembered.get(raw)
+        if known is None:
+            return None
+        started = time.perf_counter()
+        try:
+            hit = self._hit_known(known)
+        except Exception:  # answered the usual way, which meets it again
+            return None
+        if hit is None:
+            self._remembered.pop(raw)
+            return None
+        return self._send(hit, known, remote, started)
+
+    def _hit_known(self, known: Remembered) -> SmallHit | None:
+        """`known` answered again, if its verdict and its plan still hold."""
+        if not self._auth.holds(known.authorized):
+            return None
+        meta = known.plan.obj.meta
+        if self._held(meta.bucket, meta.key):
+            return None
+        return self._hit_again(known.plan)
 
     def _first(self, message: RawRequestMessage) -> tuple[Authorized, SmallHit] | None:
         """The front end's steps for a GET, up to the cache's answer (None: not a hit)."""
@@ -185,9 +223,7 @@ class AtOnce:
     def _send(
         self,
         hit: SmallHit,
-        head: bytes,
-        principal: str,
-        message: RawRequestMessage,
+        known: Remembered,
         remote: str | None,
         started: float,
     ) -> Buffers:
@@ -210,16 +246,16 @@ class AtOnce:
         self._access_log.write(
             remote,
             "GET",
-            message.path,
+            known.path,
             hit.status,
             Op.GET_OBJECT,
             elapsed,
             next_request_id(),
             cache="HIT",
             sent=size,
-            principal=principal,
+            principal=known.principal,
         )
-        return head + self._tail, hit.body
+        return known.head + self._tail, hit.body
 
 
 def _response_head(hit: SmallHit) -> bytes | None:

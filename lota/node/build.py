@@ -128,7 +128,16 @@ async def build_node(
             cache=cache,
             catalog=catalog,
         )
-        node = Node(config, front.handle, drain, limits, metrics, worker, at_once=at_once.answer)
+        node = Node(
+            config,
+            front.handle,
+            drain,
+            limits,
+            metrics,
+            worker,
+            at_once=at_once.answer,
+            again=at_once.again,
+        )
         drain.ready = True
         yield node
 

@@ -14,6 +14,14 @@ objects cost more than the hit itself (``python -m bench.nginx``). Whatever `at_
 declines, and everything after it on that connection, goes the usual way, in order.
 `at_once` may also answer :class:`Later`: the request stays first in the queue, aiohttp's
 task asleep, until the Later's future is done; then it is offered again.
+
+Answered again: bytes that arrive as one whole request head (the parser between two
+requests before and after them) are offered to `at_once` with the request, as `raw`; bytes
+that arrive later, with the parser between requests and nothing else in hand, are first
+offered to the server's `again`, as they are, before any parsing: the same request
+answered once is answered from what `at_once` remembered of it (a loader reading the same
+presigned URL, one request per segment, as HTTP clients send them). What `again` declines
+is parsed and offered as any other.
 """
 
 from __future__ import annotations
@@ -29,16 +37,19 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.http_parser import RawRequestMessage
-from aiohttp.streams import StreamReader
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from lota.aiohttp_internals import (
+    closing,
     handler_kwargs,
     handler_loop,
     hold_waiter,
     idle_waiter,
     keep_alive_until,
     next_bodiless,
+    parser_holding,
+    queued_messages,
     queued_requests,
     release_waiter,
     resume_reading_if_drained,
@@ -73,13 +84,23 @@ class Later:
     """When the request was first offered (its time counts from there)."""
 
 
+Buffers = Sequence[bytes | bytearray]
 # A request answered at once: its response's buffers (head, body), None to decline, or
-# Later. Offered again after a Later, with it.
-Reply = Sequence[bytes | bytearray] | Later | None
-AtOnce = Callable[[RawRequestMessage, str | None, Later | None], Reply]
+# Later. Offered again after a Later, with it; with the bytes it came in as, when they
+# were exactly that request.
+Reply = Buffers | Later | None
+AtOnce = Callable[[RawRequestMessage, str | None, Later | None, bytes | None], Reply]
+# A request answered again from its bytes alone (see the module), or None.
+Again = Callable[[bytes, str | None], Buffers | None]
 
 
-def never_at_once(message: RawRequestMessage, remote: str | None, waited: Later | None) -> Reply:
+def never_at_once(
+    message: RawRequestMessage, remote: str | None, waited: Later | None, raw: bytes | None
+) -> Reply:
+    return None
+
+
+def never_again(raw: bytes, remote: str | None) -> Buffers | None:
     return None
 
 
@@ -90,7 +111,10 @@ class S3RequestHandler(GuardedRequestHandler):
     def __init__(self, manager: S3Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._at_once = manager.at_once
+        self._again = manager.again
         self._remote: str | None = None
+        # The parser is between two requests: the next bytes start one.
+        self._between = True
         # From when aiohttp's task takes a request off the queue until its response is
         # written: a request answered at once meanwhile would overtake it.
         self.answering = False
@@ -102,7 +126,11 @@ class S3RequestHandler(GuardedRequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if self._resuming or self.answering or queued_requests(self) or self.writing_paused:
+            self._between = False  # known again once bytes are parsed with nothing in hand
             super().data_received(data)
+            return
+        between = self._between
+        if between and self._answer_again(data):
             return
         # The task may be asleep, waiting for a request: it stays so unless some are left
         # for it. Or it is between two (a response written): it looks at the queue itself.
@@ -112,10 +140,44 @@ class S3RequestHandler(GuardedRequestHandler):
         waits = False
         try:
             super().data_received(data)
-            waits = self._answer_at_once(waiter, None, 0)
+            self._between = self._whole_heads(data)
+            raw = data if between and self._between and queued_requests(self) == 1 else None
+            waits = self._answer_at_once(waiter, None, 0, raw)
         finally:
             if waiter is not None and not waits:
                 release_waiter(self, waiter)
+
+    def _whole_heads(self, data: bytes) -> bool:
+        """Whether `data`, just parsed with no request in hand before it, left the parser
+        between two requests: it ends a head, every request it brought has no body, and
+        the parser held none back."""
+        if not data.endswith(b"\r\n\r\n") or parser_holding(self):
+            return False
+        return all(
+            isinstance(message, RawRequestMessage) and payload is EMPTY_PAYLOAD
+            for message, payload in queued_messages(self)
+        )
+
+    def _answer_again(self, data: bytes) -> bool:
+        """Answer `data` from the server's `again`, unparsed (see the module); False if it
+        declines (then the bytes are parsed)."""
+        transport = self.transport
+        if transport is None or closing(self):
+            return False
+        if self._remote is None:
+            self._remote = _remote(self.peername)
+        reply = self._again(data, self._remote)
+        if reply is None:
+            return False
+        transport.writelines(reply)
+        self._answered()
+        return True
+
+    def _answered(self) -> None:
+        """Requests were answered here: the connection is in use, and waits for the next."""
+        now = handler_loop(self).time()
+        keep_alive_until(self, now + self.keepalive_timeout)
+        self.head_answered(now)
 
     async def finish_response(
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
@@ -126,7 +188,11 @@ class S3RequestHandler(GuardedRequestHandler):
             self.answering = False
 
     def _answer_at_once(
-        self, waiter: asyncio.Future[None] | None, waited: Later | None, covered: int
+        self,
+        waiter: asyncio.Future[None] | None,
+        waited: Later | None,
+        covered: int,
+        raw: bytes | None = None,
     ) -> bool:
         """Answer the queued requests `at_once` takes, from the first; stop at the first it
         declines (it and the rest go to aiohttp's task, in order). When all were taken and
@@ -135,7 +201,8 @@ class S3RequestHandler(GuardedRequestHandler):
         (`waiter`, the task's, stays held until it is offered again); with no `waiter`
         (the task is not asleep: it would take the request meanwhile), declined instead.
         `waited`: the Later the first `covered` requests waited for (they were queued when
-        it was made, so before what it waited for began)."""
+        it was made, so before what it waited for began). `raw`: the bytes the first
+        request came in as, when they were exactly that request."""
         answered = waits = False
         transport = self.transport
         while transport is not None and not self.writing_paused:
@@ -148,7 +215,8 @@ class S3RequestHandler(GuardedRequestHandler):
                 break
             if self._remote is None:
                 self._remote = _remote(self.peername)
-            reply = self._at_once(message, self._remote, waited)
+            reply = self._at_once(message, self._remote, waited, raw)
+            raw = None
             covered -= 1
             if covered <= 0:
                 waited = None
@@ -167,9 +235,7 @@ class S3RequestHandler(GuardedRequestHandler):
             transport.writelines(reply)
             answered = True
         if answered:
-            now = handler_loop(self).time()
-            keep_alive_until(self, now + self.keepalive_timeout)
-            self.head_answered(now)
+            self._answered()
         return waits
 
     def _waited(self, waiter: asyncio.Future[None], later: Later, covered: int, _: object) -> None:
@@ -241,9 +307,17 @@ class S3Server(GuardedServer):
     """aiohttp's low-level server using :class:`S3RequestHandler` for each connection, and
     a :class:`BodyWriter` for each response."""
 
-    def __init__(self, handler: Any, *, at_once: AtOnce = never_at_once, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        at_once: AtOnce = never_at_once,
+        again: Again = never_again,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(handler, **kwargs)
         self.at_once = at_once
+        self.again = again
 
     def __call__(self) -> RequestHandler:
         return S3RequestHandler(self, loop=server_loop(self), **handler_kwargs(self))

@@ -29,7 +29,15 @@ from lota.config import Config
 from lota.connections import ConnectionLimits
 from lota.errors import StartupError
 from lota.metrics import Metrics
-from lota.node.listener import MAX_REQUEST_LINE, AtOnce, S3Server, never_at_once, ssl_context
+from lota.node.listener import (
+    MAX_REQUEST_LINE,
+    Again,
+    AtOnce,
+    S3Server,
+    never_again,
+    never_at_once,
+    ssl_context,
+)
 from lota.node.requests import next_request_id
 from lota.workers.spec import WorkerSpec
 
@@ -95,8 +103,10 @@ class Node:
         metrics: Metrics,
         worker: WorkerSpec | None = None,
         at_once: AtOnce | None = None,
+        again: Again | None = None,
     ) -> None:
-        """`at_once`: requests answered as they are parsed (see lota.node.listener)."""
+        """`at_once`: requests answered as they are parsed; `again`: requests answered
+        again from their bytes, before parsing (see lota.node.listener)."""
         self.config = config
         self.metrics = metrics
         self._drain = drain
@@ -104,6 +114,7 @@ class Node:
         server = S3Server(
             handler,
             at_once=at_once or never_at_once,
+            again=again or never_again,
             limits=limits,
             metrics=metrics,
             request_id=next_request_id,

@@ -34,19 +34,31 @@ Reply = tuple[int, list[tuple[str, str]], bytes]
 
 @pytest.fixture
 def answered(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each request offered to AtOnce.answer was answered there."""
+    """Whether each request offered to AtOnce.answer was answered at once (there, or from
+    its bytes before parsing, by AtOnce.again: what that declines is offered to answer)."""
     seen: list[bool] = []
-    original = AtOnce.answer
+    original, again = AtOnce.answer, AtOnce.again
 
     def spy(
-        self: AtOnce, message: RawRequestMessage, remote: str | None, waited: Later | None = None
+        self: AtOnce,
+        message: RawRequestMessage,
+        remote: str | None,
+        waited: Later | None = None,
+        raw: bytes | None = None,
     ) -> Any:
-        reply = original(self, message, remote, waited)
+        reply = original(self, message, remote, waited, raw)
         if not isinstance(reply, Later):  # else it is offered again
             seen.append(reply is not None)
         return reply
 
+    def spy_again(self: AtOnce, raw: bytes, remote: str | None) -> Any:
+        reply = again(self, raw, remote)
+        if reply is not None:
+            seen.append(True)
+        return reply
+
     monkeypatch.setattr(AtOnce, "answer", spy)
+    monkeypatch.setattr(AtOnce, "again", spy_again)
     return seen
 
 
@@ -182,7 +194,8 @@ async def test_hits_answered_at_once_are_the_responses_handle_gives(
 
     at_once = await replies()
     assert answered.count(True) >= 4, answered  # the hits were answered at once
-    monkeypatch.setattr(AtOnce, "answer", lambda self, message, remote, waited=None: None)
+    monkeypatch.setattr(AtOnce, "answer", lambda self, message, remote, waited, raw: None)
+    monkeypatch.setattr(AtOnce, "again", lambda self, raw, remote: None)
     handled = await replies()
     for (name, _), fast, slow in zip(VARIANTS, at_once, handled, strict=True):
         assert _without_date(fast) == _without_date(slow), name
@@ -413,6 +426,63 @@ async def test_hits_answered_at_once_leave_no_cyclic_garbage(
     assert ours == []
 
 
+async def test_a_request_that_came_whole_is_answered_again_from_its_bytes_alone(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hit that came in one read, the parser between requests before and after it, is
+    answered again from those bytes alone, before any parsing, with the answer parsing
+    gives. Bytes that were not a whole request from a boundary (the end of a request
+    that came in two reads; a body sent after its head) are never answered from them."""
+    body = os.urandom(5000)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
+    again: list[bool] = []
+    original = AtOnce.again
+
+    def spy(self: AtOnce, raw: bytes, remote: str | None) -> Any:
+        reply = original(self, raw, remote)
+        again.append(reply is not None)
+        return reply
+
+    monkeypatch.setattr(AtOnce, "again", spy)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        whole = request(url)
+        conn, other = await Connection.open(node.url), await Connection.open(node.url)
+        try:
+            parsed = await _until_hit(conn, url)
+            again.clear()
+            replies = [await conn.get(whole) for _ in range(3)] + [await other.get(whole)]
+            assert again == [True] * 4
+            assert all(_without_date(r) == _without_date(parsed) for r in replies)
+            assert parsed[2] == body
+            # The same request in two reads: answered, and its second part is no request.
+            cut = whole.index(b"\r\nhost:") + 2
+            conn.send(whole[:cut])
+            await asyncio.sleep(0.1)
+            assert (await conn.get(whole[cut:]))[2] == body
+            assert (await other.get(whole[cut:]))[0] == 400
+            # A PUT's body shaped like the request: a body, stored as sent.
+            put = _presigned(node.url, bucket, "p", "put_object")
+            third = await Connection.open(node.url)
+            try:
+                third.send(request(put, "PUT", content_length=str(len(whole))))
+                await asyncio.sleep(0.1)
+                status, _, _ = await third.get(whole, "PUT")
+                assert status == 200
+            finally:
+                third.close()
+            stored = await asyncio.to_thread(origin_s3.get_object, Bucket=bucket, Key="p")
+            assert stored["Body"].read() == whole
+        finally:
+            conn.close()
+            other.close()
+
+
 async def test_requests_signed_in_a_header_are_answered_at_once_but_not_remembered(
     origin: str,
     origin_s3: Any,
@@ -428,9 +498,13 @@ async def test_requests_signed_in_a_header_are_answered_at_once_but_not_remember
     original = AtOnce.answer
 
     def spy(
-        self: AtOnce, message: RawRequestMessage, remote: str | None, waited: Later | None = None
+        self: AtOnce,
+        message: RawRequestMessage,
+        remote: str | None,
+        waited: Later | None = None,
+        raw: bytes | None = None,
     ) -> Any:
-        reply = original(self, message, remote, waited)
+        reply = original(self, message, remote, waited, raw)
         offered.append((self, reply is not None))
         return reply
 
