@@ -8,6 +8,7 @@ series count, and ``rate()`` does not need them.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any, Protocol
@@ -57,6 +58,8 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        # Counted as plain numbers until the registry is read (see LaterCount).
+        self._later: list[LaterCount | LaterHistogram] = []
         self.requests = Counter(
             "lota_requests",
             "S3 requests answered, by S3 operation and HTTP status",
@@ -417,8 +420,68 @@ class Metrics:
         """Export the cache store's own counts (usage, budget, evictions, corrupt chunks)."""
         self.registry.register(_StoreCollector(store))
 
+    def later(self, child: Counter) -> LaterCount:
+        """`child` (a counter's labelled series) counted on a hot path: see :class:`LaterCount`."""
+        count = LaterCount(child)
+        self._later.append(count)
+        return count
+
+    def later_histogram(self, child: Histogram) -> LaterHistogram:
+        """`child` (a histogram's labelled series) observed on a hot path."""
+        histogram = LaterHistogram(child)
+        self._later.append(histogram)
+        return histogram
+
     def render(self) -> bytes:
+        for later in self._later:
+            later.fold()
         return generate_latest(self.registry)
+
+
+class LaterCount:
+    """A counter's series added to as a plain number on the event loop and folded into the
+    series when the registry is read (:meth:`Metrics.render`, on the same loop), so that
+    what is scraped is what was counted. A Prometheus update takes a lock: a small hit
+    answered at once made six, a fifth of the answer's own time."""
+
+    __slots__ = ("_child", "n")
+
+    def __init__(self, child: Counter) -> None:
+        self._child = child
+        self.n: float = 0
+
+    def fold(self) -> None:
+        if self.n:
+            self._child.inc(self.n)
+            self.n = 0
+
+
+class LaterHistogram:
+    """A histogram's series observed as plain numbers, folded in as :class:`LaterCount`'s."""
+
+    __slots__ = ("_bounds", "_child", "_counts", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._child = child
+        self._bounds: list[float] = list(child._upper_bounds)  # its buckets' upper bounds
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+
+    def observe(self, value: float) -> None:
+        # Histogram.observe's bucket: the first whose bound is at least `value`.
+        self._counts[bisect_left(self._bounds, value)] += 1
+        self._sum += value
+
+    def fold(self) -> None:
+        if not any(self._counts):
+            return
+        buckets = self._child._buckets  # prometheus-client adds each bucket's count as this
+        for i, n in enumerate(self._counts):
+            if n:
+                buckets[i].inc(n)
+                self._counts[i] = 0
+        self._child._sum.inc(self._sum)
+        self._sum = 0.0
 
 
 class StoreStats(Protocol):

@@ -74,7 +74,7 @@ class Deliverer:
         self.chunk_size = cache.chunk_size
         self._metrics = metrics
         self._sent = sent if sent is not None else metrics.cache_bytes
-        self._sent_hit = self._sent.labels("hit")
+        self._sent_hit = metrics.later(self._sent.labels("hit"))
         # Blocking sendfile() runs here, one thread per transfer, off the event loop.
         self._sendfile_pool = ThreadPoolExecutor(
             sendfile_threads, thread_name_prefix="lota-sendfile"
@@ -161,7 +161,7 @@ class Deliverer:
         return self._hit(found, last - first + 1)
 
     def _hit(self, found: list[bytes | bytearray], size: int) -> bytes | bytearray:
-        self._sent_hit.inc(size)
+        self._sent_hit.n += size
         return found[0] if len(found) == 1 else b"".join(found)
 
     async def _read_elsewhere(

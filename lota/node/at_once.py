@@ -90,7 +90,6 @@ class AtOnce:
     ) -> None:
         self._domain = domain
         self._auth = auth
-        self._metrics = metrics
         self._access_log = access_log
         self._drain = drain
         self._cacheable: Callable[[Target, Mapping[str, str]], bool] = cache.cacheable
@@ -104,14 +103,17 @@ class AtOnce:
         self._remembered: SizedLru[RequestKey, Remembered] = SizedLru(max_chars)
         self._date = ""
         self._tail = b""
-        # The metrics every hit answered here counts, labelled once.
+        # The metrics every hit answered here counts, labelled once, counted as plain
+        # numbers until they are read.
         get = Op.GET_OBJECT
+        self._bytes_out = metrics.later(metrics.bytes_out)
         self._counts = {
-            status: (metrics.requests.labels(get, str(status)), metrics.request_seconds.labels(get))
+            status: metrics.later(metrics.requests.labels(get, str(status)))
             for status in (200, 206)
         }
-        self._cached = metrics.cache_requests.labels("HIT")
-        self._cached_seconds = metrics.cache_request_seconds.labels("HIT")
+        self._seconds = metrics.later_histogram(metrics.request_seconds.labels(get))
+        self._cached = metrics.later(metrics.cache_requests.labels("HIT"))
+        self._cached_seconds = metrics.later_histogram(metrics.cache_request_seconds.labels("HIT"))
 
     def answer(
         self,
@@ -234,11 +236,10 @@ class AtOnce:
             self._tail = f"Date: {date}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n".encode()
         size = len(hit.body)
         elapsed = time.perf_counter() - started
-        self._metrics.bytes_out.inc(size)
-        requests, seconds = self._counts[hit.status]
-        requests.inc()
-        seconds.observe(elapsed)
-        self._cached.inc()
+        self._bytes_out.n += size
+        self._counts[hit.status].n += 1
+        self._seconds.observe(elapsed)
+        self._cached.n += 1
         self._cached_seconds.observe(elapsed)
         if self._access is not None:  # a read served (200 or 206), for tiering
             meta = hit.plan.obj.meta
