@@ -167,7 +167,7 @@ class AtOnce:
         known = Remembered(authorized, hit.plan, head, principal, message.path)
         if "authorization" not in message.headers:
             if raw is not None:
-                size = len(raw) + len(head)
+                size = len(raw) + len(head) + len(message.path)
             else:
                 fields = message.raw_headers
                 size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in fields)

@@ -140,7 +140,9 @@ class S3RequestHandler(GuardedRequestHandler):
         waits = False
         try:
             super().data_received(data)
-            self._between = self._whole_heads(data)
+            # Between requests after `data` only from a known boundary, or if `data` ended
+            # a request: bytes of a body can end as a head does.
+            self._between = (between or queued_requests(self) > 0) and self._whole_heads(data)
             raw = data if between and self._between and queued_requests(self) == 1 else None
             waits = self._answer_at_once(waiter, None, 0, raw)
         finally:
@@ -148,9 +150,9 @@ class S3RequestHandler(GuardedRequestHandler):
                 release_waiter(self, waiter)
 
     def _whole_heads(self, data: bytes) -> bool:
-        """Whether `data`, just parsed with no request in hand before it, left the parser
-        between two requests: it ends a head, every request it brought has no body, and
-        the parser held none back."""
+        """Whether `data`, just parsed with no request in hand before it, from a boundary
+        or bringing a request, left the parser between two requests: it ends a head,
+        every request it brought has no body, and the parser held none back."""
         if not data.endswith(b"\r\n\r\n") or parser_holding(self):
             return False
         return all(
