@@ -543,6 +543,42 @@ async def test_body_bytes_shaped_like_a_remembered_request_are_never_answered(
             other.close()
 
 
+async def test_a_draining_node_answers_no_request_from_memory(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a drain begins, a request answered before, bytes for bytes, gets the drain's
+    503 like any other, not its remembered answer."""
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=b"d" * 5000)
+    offered: list[AtOnce] = []
+    again = AtOnce.again
+
+    def spy(self: AtOnce, raw: bytes, remote: str | None) -> Any:
+        offered.append(self)
+        return again(self, raw, remote)
+
+    monkeypatch.setattr(AtOnce, "again", spy)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        whole = request(url)
+        conn = await Connection.open(node.url)
+        try:
+            await _until_hit(conn, url)
+            assert (await conn.get(whole))[2] == b"d" * 5000
+            drain = offered[-1]._drain
+            drain.draining = True
+            try:
+                assert (await conn.get(whole))[0] == 503
+            finally:
+                drain.draining = False
+        finally:
+            conn.close()
+
+
 async def test_requests_signed_in_a_header_are_answered_at_once_but_not_remembered(
     origin: str,
     origin_s3: Any,
