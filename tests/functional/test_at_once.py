@@ -13,6 +13,7 @@ import ssl
 import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,33 +33,52 @@ from tests.conftest import client_for, presigned_get
 Reply = tuple[int, list[tuple[str, str]], bytes]
 
 
-@pytest.fixture
-def answered(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each request offered to AtOnce.answer was answered at once (there, or from
-    its bytes before parsing, by AtOnce.again: what that declines is offered to answer)."""
-    seen: list[bool] = []
-    original, again = AtOnce.answer, AtOnce.again
+@dataclass
+class Offer:
+    """A request offered to AtOnce: parsed (``answer``) or as its bytes (``again``)."""
 
-    def spy(
+    at_once: AtOnce
+    how: str
+    reply: Any
+
+
+def _spy_offers(monkeypatch: pytest.MonkeyPatch, record: Callable[[Offer], None]) -> None:
+    """Have `record` hear every offer made to AtOnce from here on, with what it replied."""
+    answer, again = AtOnce.answer, AtOnce.again
+
+    def spy_answer(
         self: AtOnce,
         message: RawRequestMessage,
         remote: str | None,
         waited: Later | None = None,
         raw: bytes | None = None,
     ) -> Any:
-        reply = original(self, message, remote, waited, raw)
-        if not isinstance(reply, Later):  # else it is offered again
-            seen.append(reply is not None)
+        reply = answer(self, message, remote, waited, raw)
+        record(Offer(self, "answer", reply))
         return reply
 
     def spy_again(self: AtOnce, raw: bytes, remote: str | None) -> Any:
         reply = again(self, raw, remote)
-        if reply is not None:
-            seen.append(True)
+        record(Offer(self, "again", reply))
         return reply
 
-    monkeypatch.setattr(AtOnce, "answer", spy)
+    monkeypatch.setattr(AtOnce, "answer", spy_answer)
     monkeypatch.setattr(AtOnce, "again", spy_again)
+
+
+@pytest.fixture
+def answered(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each request offered to AtOnce was answered at once: parsed, or from its
+    bytes before parsing (what ``again`` declines is offered parsed; a request told to
+    wait, Later, is offered again)."""
+    seen: list[bool] = []
+
+    def record(offer: Offer) -> None:
+        if isinstance(offer.reply, Later) or (offer.how == "again" and offer.reply is None):
+            return
+        seen.append(offer.reply is not None)
+
+    _spy_offers(monkeypatch, record)
     return seen
 
 
@@ -458,24 +478,17 @@ async def test_a_request_that_came_whole_is_answered_again_from_its_bytes_alone(
     that came in two reads; a body sent after its head) are never answered from them."""
     body = os.urandom(5000)
     await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
-    again: list[bool] = []
-    original = AtOnce.again
-
-    def spy(self: AtOnce, raw: bytes, remote: str | None) -> Any:
-        reply = original(self, raw, remote)
-        again.append(reply is not None)
-        return reply
-
-    monkeypatch.setattr(AtOnce, "again", spy)
+    offers: list[Offer] = []
+    _spy_offers(monkeypatch, offers.append)
     async with _node(origin, credentials_file, tmp_path / "cache") as node:
         url = presigned_get(node.url, bucket, "k")
         whole = request(url)
         conn, other = await Connection.open(node.url), await Connection.open(node.url)
         try:
             parsed = await _until_hit(conn, url)
-            again.clear()
+            offers.clear()
             replies = [await conn.get(whole) for _ in range(3)] + [await other.get(whole)]
-            assert again == [True] * 4
+            assert [o.reply is not None for o in offers if o.how == "again"] == [True] * 4
             assert all(_without_date(r) == _without_date(parsed) for r in replies)
             assert parsed[2] == body
             # The same request in two reads: answered, and its second part is no request.
@@ -554,14 +567,8 @@ async def test_a_draining_node_answers_no_request_from_memory(
     """Once a drain begins, a request answered before, bytes for bytes, gets the drain's
     503 like any other, not its remembered answer."""
     await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=b"d" * 5000)
-    offered: list[AtOnce] = []
-    again = AtOnce.again
-
-    def spy(self: AtOnce, raw: bytes, remote: str | None) -> Any:
-        offered.append(self)
-        return again(self, raw, remote)
-
-    monkeypatch.setattr(AtOnce, "again", spy)
+    offered: list[Offer] = []
+    _spy_offers(monkeypatch, offered.append)
     async with _node(origin, credentials_file, tmp_path / "cache") as node:
         url = presigned_get(node.url, bucket, "k")
         whole = request(url)
@@ -569,7 +576,7 @@ async def test_a_draining_node_answers_no_request_from_memory(
         try:
             await _until_hit(conn, url)
             assert (await conn.get(whole))[2] == b"d" * 5000
-            drain = offered[-1]._drain
+            drain = offered[-1].at_once._drain
             drain.draining = True
             try:
                 assert (await conn.get(whole))[0] == 503
@@ -590,33 +597,21 @@ async def test_requests_signed_in_a_header_are_answered_at_once_but_not_remember
     """boto3 signs every GET afresh: such hits are answered at once all the same, and not
     remembered (none would come again); a presigned URL's are."""
     await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=b"y" * 5000)
-    offered: list[tuple[AtOnce, bool]] = []
-    original = AtOnce.answer
-
-    def spy(
-        self: AtOnce,
-        message: RawRequestMessage,
-        remote: str | None,
-        waited: Later | None = None,
-        raw: bytes | None = None,
-    ) -> Any:
-        reply = original(self, message, remote, waited, raw)
-        offered.append((self, reply is not None))
-        return reply
-
-    monkeypatch.setattr(AtOnce, "answer", spy)
+    offers: list[Offer] = []
+    _spy_offers(monkeypatch, offers.append)
     async with _node(origin, credentials_file, tmp_path / "cache") as node:
         url = presigned_get(node.url, bucket, "k")
         conn = await Connection.open(node.url)
         try:
             await _until_hit(conn, url)
             s3 = client_for(node.url)
-            offered.clear()
+            offers.clear()
             for _ in range(5):
                 got = await asyncio.to_thread(s3.get_object, Bucket=bucket, Key="k")
                 assert got["Body"].read() == b"y" * 5000
-            at_once = offered[0][0]
-            assert [taken for _, taken in offered] == [True] * 5
+            parsed = [o for o in offers if o.how == "answer"]
+            at_once = parsed[0].at_once
+            assert [o.reply is not None for o in parsed] == [True] * 5
             remembered = len(at_once._remembered)
             assert await conn.get(request(url)) is not None  # the presigned URL again
         finally:
