@@ -22,6 +22,9 @@ findable when aiohttp changes:
 - :func:`queued_messages`, :func:`parser_holding`, :func:`closing`: whether the parser
   is between two requests (``_messages``, ``_max_msg_queue_size``, ``_upgraded``,
   ``_close``, ``_force_close``), so that a request seen before is answered from its bytes, unparsed.
+- :func:`request_message`: ``BaseRequest._message``, the parsed head a request was made
+  of (``BaseRequest.message`` is deprecated), so that a request aiohttp's task answered
+  is known as the one the connection offered to be answered at once.
 - :func:`http_date`: ``aiohttp.helpers.rfc822_formatted_time``, the Date header aiohttp
   writes (formatted once a second), for responses written without it.
 - :func:`extend_read_timeout`: ``ResponseHandler.read_timeout`` and ``start_timeout()``
@@ -54,6 +57,12 @@ from aiohttp.web_protocol import RequestHandler
 def queued_requests(handler: RequestHandler) -> int:
     """How many parsed request heads wait on this connection to be answered."""
     return len(handler._messages)
+
+
+def request_message(request: web.BaseRequest) -> RawRequestMessage:
+    """The parsed head `request` was made of."""
+    message: RawRequestMessage = request._message
+    return message
 
 
 def queued_messages(handler: RequestHandler) -> list[tuple[Any, Any]]:

@@ -58,8 +58,9 @@ class ObjectChanged(LotaError):
 
 @dataclass(frozen=True, slots=True)
 class HitPlan:
-    """How :meth:`ReadPath.hit_now` answers one GET: it holds while its entry is alive and
-    fresh (:meth:`ReadPath.hit_again` answers the same GET again from it)."""
+    """How a small GET is answered at once (:meth:`ReadPath.plan_hit`): it holds while its
+    entry is alive and fresh; :meth:`ReadPath.hit` answers the GET from it, as often as it
+    comes."""
 
     obj: CachedObject
     placement: Placement
@@ -72,7 +73,7 @@ class HitPlan:
 
 @dataclass(frozen=True, slots=True)
 class SmallHit:
-    """A GET answered at once (:meth:`ReadPath.hit_now`): how, and the body."""
+    """A GET answered at once (:meth:`ReadPath.hit`): how, and the body."""
 
     plan: HitPlan
     body: bytes | bytearray
@@ -129,11 +130,10 @@ class ReadPath:
             obj, answered = result, "HIT" if spread_get else "MISS"
         return await self._respond(request, target, placement, obj, answered)
 
-    def hit_now(self, headers: Mapping[str, str], target: Target) -> SmallHit | None:
-        """The answer :meth:`serve` would give a GET, when it needs no waiting: the entry
-        is fresh, its conditions pass, the range is small and every byte of it is in the
-        page cache behind a descriptor open here (:meth:`Deliverer.read_now`). None for
-        anything else, with nothing counted: then :meth:`serve` answers."""
+    def plan_hit(self, headers: Mapping[str, str], target: Target) -> HitPlan | None:
+        """How :meth:`serve` would answer a GET, when that can be at once: the entry is
+        fresh, its conditions pass and the range is small. None for anything else, with
+        nothing counted or read: then :meth:`serve` answers."""
         if "partNumber" in target.names:
             return None
         obj = self.cache.lookup(target.bucket, target.key)
@@ -150,11 +150,13 @@ class ReadPath:
         answer = self._response_headers(headers, target, obj, first, last, status, None, "HIT")
         fresh = m.validated_at + plan.fresh_for(f"{m.bucket}/{m.key}", self._config)
         placement = self._placement_for(target.bucket)
-        return self.hit_again(HitPlan(obj, placement, first, last, status, answer, fresh))
+        return HitPlan(obj, placement, first, last, status, answer, fresh)
 
-    def hit_again(self, planned: HitPlan) -> SmallHit | None:
-        """`planned` answered again (the same GET, from the same client or another): None
-        once its entry is gone or due for revalidation, or its bytes are not at hand."""
+    def hit(self, planned: HitPlan) -> SmallHit | None:
+        """The GET `planned` was made for, answered (the first time or again, from the same
+        client or another), when every byte of it is in the page cache behind a descriptor
+        open here (:meth:`Deliverer.read_now`); None once its entry is gone or due for
+        revalidation, or its bytes are not at hand."""
         obj = planned.obj
         if not obj.alive or self._clock.time() - planned.fresh_until > 0:
             return None

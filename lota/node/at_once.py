@@ -4,7 +4,8 @@ A 64 KiB hit handled the usual way (:meth:`lota.node.front.Front.handle`) costs 
 aiohttp's task, request and response objects than in the hit itself. The connection
 (:mod:`lota.node.listener`) offers each GET without a body that arrives while it has nothing
 else in hand to :meth:`AtOnce.answer`, which takes the front end's steps (target, SigV4
-verdict, cacheable, :meth:`lota.cache.reads.ReadPath.hit_now`) and returns the response's
+verdict, cacheable, :meth:`lota.cache.reads.ReadPath.plan_hit`, then
+:meth:`~lota.cache.reads.ReadPath.hit`) and returns the response's
 buffers, counted and logged as the front end counts and logs; or declines, with nothing
 counted, and the front end answers the request as if it had never been offered.
 
@@ -20,7 +21,9 @@ loader reading the same presigned URL each epoch, on any connection) is answered
 what was decided the first time, while the verdict holds (the signature's validity
 window), the cache entry is alive and fresh, and its bytes are at hand; the headers are
 written once, but for Date. Offered as bytes (:meth:`AtOnce.again`), it is answered
-before it is even parsed. Bounded by what the remembered requests hold
+before it is even parsed. A GET the front end answered (a miss, filled) is remembered
+too (:meth:`AtOnce.learn`), with nothing counted or read, so that the second read of a
+URL is already answered so. Bounded by what the remembered requests hold
 (:data:`MAX_CHARS`), least recently used forgotten first. A request signed in an
 Authorization header is not remembered: its client signs every request afresh.
 """
@@ -93,8 +96,8 @@ class AtOnce:
         self._access_log = access_log
         self._drain = drain
         self._cacheable: Callable[[Target, Mapping[str, str]], bool] = cache.cacheable
+        self._plan_hit = cache.plan_hit
         self._hit = cache.hit
-        self._hit_again = cache.hit_again
         # With a catalog, a read may be of a version still on its way home: it waits for
         # the mirror of pending keys to hear of the writes before it (Later), then asks it.
         self._pending = catalog.pending if catalog.on else None
@@ -149,30 +152,32 @@ class AtOnce:
         key: RequestKey = raw if raw is not None else (message.path, message.raw_headers)
         try:
             known = self._remembered.get(key)
-            again = None if known is None else self._hit_known(known)
-            found = None if again is not None else self._first(message)
+            hit = None if known is None else self._hit_known(known)
+            if hit is None:
+                if known is not None:
+                    self._remembered.pop(key)
+                known = self._first(message, key)
+                hit = None if known is None else self._hit(known.plan)
         except Exception:  # whatever it is, the front end meets it again and answers it
             return None
-        if known is not None:
-            if again is not None:
-                return self._send(again, known, remote, started)
-            self._remembered.pop(key)
-        if found is None:
+        if hit is None or known is None:
             return None
-        authorized, hit = found
-        head = _response_head(hit)
-        if head is None:
-            return None
-        principal = authorized.principal.name if authorized.principal is not None else "-"
-        known = Remembered(authorized, hit.plan, head, principal, message.path)
-        if "authorization" not in message.headers:
-            if raw is not None:
-                size = len(raw) + len(head) + len(message.path)
-            else:
-                fields = message.raw_headers
-                size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in fields)
-            self._remembered.put(key, known, size)
         return self._send(hit, known, remote, started)
+
+    def learn(self, message: RawRequestMessage, raw: bytes | None) -> None:
+        """Remember `message`, a GET the front end has just answered (a miss, filled), as
+        :meth:`answer` would have, so that it is answered at once when it comes again;
+        nothing counted, nothing read. `raw`: as for :meth:`answer`. Never raises."""
+        if self._off or message.method != "GET" or message.version != HttpVersion11:
+            return
+        if "authorization" in message.headers or self._drain.draining:
+            return  # not to be remembered (see the module); or about to stop
+        key: RequestKey = raw if raw is not None else (message.path, message.raw_headers)
+        try:
+            if self._remembered.get(key) is None:
+                self._first(message, key)
+        except Exception:  # nothing remembered: it is answered the usual way
+            return
 
     def again(self, raw: bytes, remote: str | None) -> Buffers | None:
         """The response to the request that came in as the bytes `raw`, if it was answered
@@ -200,10 +205,12 @@ class AtOnce:
         meta = known.plan.obj.meta
         if self._held(meta.bucket, meta.key):
             return None
-        return self._hit_again(known.plan)
+        return self._hit(known.plan)
 
-    def _first(self, message: RawRequestMessage) -> tuple[Authorized, SmallHit] | None:
-        """The front end's steps for a GET, up to the cache's answer (None: not a hit)."""
+    def _first(self, message: RawRequestMessage, key: RequestKey) -> Remembered | None:
+        """The front end's steps for a GET, up to how the cache answers it, remembered as
+        `key` unless it is signed in an Authorization header; None when it is not answered
+        at once."""
         headers = message.headers
         host = headers.get("host")
         if host is None or is_admin(host, message.path, self._domain):
@@ -215,8 +222,22 @@ class AtOnce:
             return None
         if self._held(target.bucket, target.key):
             return None
-        hit = self._hit(headers, target)
-        return None if hit is None else (authorized, hit)
+        plan = self._plan_hit(headers, target)
+        if plan is None:
+            return None
+        head = _response_head(plan)
+        if head is None:
+            return None
+        principal = authorized.principal.name if authorized.principal is not None else "-"
+        known = Remembered(authorized, plan, head, principal, message.path)
+        if "authorization" not in headers:
+            if isinstance(key, bytes):
+                size = len(key) + len(head) + len(message.path)
+            else:
+                fields = message.raw_headers
+                size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in fields)
+            self._remembered.put(key, known, size)
+        return known
 
     def _held(self, bucket: str, key: str) -> bool:
         """Whether the key may have a version on its way home (then the front end reads)."""
@@ -259,16 +280,16 @@ class AtOnce:
         return known.head + self._tail, hit.body
 
 
-def _response_head(hit: SmallHit) -> bytes | None:
-    """The status line and headers of `hit` as aiohttp writes them for the same response
+def _response_head(plan: HitPlan) -> bytes | None:
+    """The status line and headers of `plan`'s answer as aiohttp writes them for it
     (Content-Length and a default Content-Type added), but for the Date and Server that end
     it; None if a header holds a control character aiohttp refuses (a ``response-*``
     override could: then the front end answers)."""
-    fields = [f"{name}: {value}" for name, value in hit.headers]
+    fields = [f"{name}: {value}" for name, value in plan.headers]
     if _FORBIDDEN_IN_HEADERS.search("".join(fields)):
         return None
-    lines = [f"HTTP/1.1 {hit.status} {HTTPStatus(hit.status).phrase}", *fields]
-    lines.append(f"Content-Length: {len(hit.body)}")
-    if not any(name.lower() == "content-type" for name, _ in hit.headers):
+    lines = [f"HTTP/1.1 {plan.status} {HTTPStatus(plan.status).phrase}", *fields]
+    lines.append(f"Content-Length: {plan.last - plan.first + 1}")
+    if not any(name.lower() == "content-type" for name, _ in plan.headers):
         lines.append("Content-Type: application/octet-stream")
     return ("\r\n".join(lines) + "\r\n").encode()

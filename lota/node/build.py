@@ -135,8 +135,7 @@ async def build_node(
             limits,
             metrics,
             worker,
-            at_once=at_once.answer,
-            again=at_once.again,
+            answers=at_once,
         )
         drain.ready = True
         yield node

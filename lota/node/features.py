@@ -58,11 +58,11 @@ def _no_etag(bucket: str, key: str) -> str:
     return ""
 
 
-def _no_hit(headers: Mapping[str, str], target: Target) -> SmallHit | None:
+def _no_plan(headers: Mapping[str, str], target: Target) -> HitPlan | None:
     return None
 
 
-def _no_hit_again(plan: HitPlan) -> SmallHit | None:
+def _no_hit(plan: HitPlan) -> SmallHit | None:
     return None
 
 
@@ -93,11 +93,12 @@ class CacheFeature:
     """The ETag of this node's cached copy of (bucket, key); "" when it has none."""
     writes: WriteCache = field(default_factory=WriteCache.off)
     """What accelerated writes ask of the cache: keep what they write, serve it back."""
-    hit: Callable[[Mapping[str, str], Target], SmallHit | None] = _no_hit
-    """A cacheable GET answered at once, as :attr:`serve` would answer it, when that needs
-    no waiting (a small hit in the page cache); None otherwise."""
-    hit_again: Callable[[HitPlan], SmallHit | None] = _no_hit_again
-    """The GET a hit's plan was made for, answered again (None: no longer so)."""
+    plan_hit: Callable[[Mapping[str, str], Target], HitPlan | None] = _no_plan
+    """How a cacheable GET is answered at once, as :attr:`serve` would answer it, when
+    that needs no waiting (a small fresh hit); None otherwise."""
+    hit: Callable[[HitPlan], SmallHit | None] = _no_hit
+    """The GET a plan was made for, answered, if its bytes are at hand (None otherwise, or
+    no longer so)."""
 
     @classmethod
     def off(cls) -> CacheFeature:

@@ -22,6 +22,11 @@ offered to the server's `again`, as they are, before any parsing: the same reque
 answered once is answered from what `at_once` remembered of it (a loader reading the same
 presigned URL, one request per segment, as HTTP clients send them). What `again` declines
 is parsed and offered as any other.
+
+Learnt: a GET `at_once` declined that aiohttp's task then answered with a 2xx (a miss,
+filled) is offered to the server's `learn` once its response is written, with the bytes
+it came in as: a request read once per epoch is answered again from its bytes the next
+epoch, not first parsed and answered once more the slow way.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -52,6 +57,7 @@ from lota.aiohttp_internals import (
     queued_messages,
     queued_requests,
     release_waiter,
+    request_message,
     resume_reading_if_drained,
     server_loop,
     take_message,
@@ -86,32 +92,65 @@ class Later:
 
 Buffers = Sequence[bytes | bytearray]
 # A request answered at once: its response's buffers (head, body), None to decline, or
-# Later. Offered again after a Later, with it; with the bytes it came in as, when they
-# were exactly that request.
+# Later.
 Reply = Buffers | Later | None
-AtOnce = Callable[[RawRequestMessage, str | None, Later | None, bytes | None], Reply]
-# A request answered again from its bytes alone (see the module), or None.
-Again = Callable[[bytes, str | None], Buffers | None]
 
 
-def never_at_once(
-    message: RawRequestMessage, remote: str | None, waited: Later | None, raw: bytes | None
-) -> Reply:
-    return None
+class Answers(Protocol):
+    """What a server answers as its connections parse requests (see the module):
+    :class:`lota.node.at_once.AtOnce`."""
+
+    def answer(
+        self,
+        message: RawRequestMessage,
+        remote: str | None,
+        waited: Later | None,
+        raw: bytes | None,
+    ) -> Reply:
+        """A request just parsed: answered, declined (None) or Later. Offered again after
+        a Later, with it (`waited`); `raw`: the bytes it came in as, when they were
+        exactly that request."""
+
+    def again(self, raw: bytes, remote: str | None) -> Buffers | None:
+        """A request answered again from its bytes alone, before parsing; or None."""
+
+    def learn(self, message: RawRequestMessage, raw: bytes | None) -> None:
+        """A GET declined here has been answered by aiohttp's task (2xx): remember it if
+        it can be answered here when it comes again. `raw` as for :meth:`answer`."""
 
 
-def never_again(raw: bytes, remote: str | None) -> Buffers | None:
-    return None
+class NoAnswers:
+    """Every request answered by aiohttp's task."""
+
+    def answer(
+        self,
+        message: RawRequestMessage,
+        remote: str | None,
+        waited: Later | None,
+        raw: bytes | None,
+    ) -> Reply:
+        return None
+
+    def again(self, raw: bytes, remote: str | None) -> Buffers | None:
+        return None
+
+    def learn(self, message: RawRequestMessage, raw: bytes | None) -> None:
+        return None
 
 
 class S3RequestHandler(GuardedRequestHandler):
     """aiohttp's connection handler, with its HTTP-level errors answered as S3 XML and the
-    requests its server's `at_once` takes answered as they are parsed."""
+    requests its server's `answers` take answered as they are parsed."""
 
     def __init__(self, manager: S3Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
-        self._at_once = manager.at_once
-        self._again = manager.again
+        answers = manager.answers
+        self._at_once = answers.answer
+        self._again = answers.again
+        self._learn = answers.learn
+        # The last request `at_once` declined, with the bytes it came in as (or None):
+        # learnt once aiohttp's task has answered it.
+        self._declined: tuple[RawRequestMessage, bytes | None] | None = None
         self._remote: str | None = None
         # The parser is between two requests: the next bytes start one.
         self._between = True
@@ -185,9 +224,15 @@ class S3RequestHandler(GuardedRequestHandler):
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
         try:
-            return await super().finish_response(request, resp, start_time)
+            done = await super().finish_response(request, resp, start_time)
         finally:
             self.answering = False
+        message = request_message(request)
+        if message.method == "GET" and 200 <= resp.status < 300:
+            declined, self._declined = self._declined, None
+            raw = declined[1] if declined is not None and declined[0] is message else None
+            self._learn(message, raw)
+        return done
 
     def _answer_at_once(
         self,
@@ -218,12 +263,13 @@ class S3RequestHandler(GuardedRequestHandler):
             if self._remote is None:
                 self._remote = _remote(self.peername)
             reply = self._at_once(message, self._remote, waited, raw)
-            raw = None
             covered -= 1
             if covered <= 0:
                 waited = None
             if reply is None:
+                self._declined = (message, raw)
                 break
+            raw = None
             if isinstance(reply, Later):
                 if waiter is None:
                     reply.finish()
@@ -313,13 +359,11 @@ class S3Server(GuardedServer):
         self,
         handler: Any,
         *,
-        at_once: AtOnce = never_at_once,
-        again: Again = never_again,
+        answers: Answers | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
-        self.at_once = at_once
-        self.again = again
+        self.answers: Answers = answers or NoAnswers()
 
     def __call__(self) -> RequestHandler:
         return S3RequestHandler(self, loop=server_loop(self), **handler_kwargs(self))

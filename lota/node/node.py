@@ -31,11 +31,8 @@ from lota.errors import StartupError
 from lota.metrics import Metrics
 from lota.node.listener import (
     MAX_REQUEST_LINE,
-    Again,
-    AtOnce,
+    Answers,
     S3Server,
-    never_again,
-    never_at_once,
     ssl_context,
 )
 from lota.node.requests import next_request_id
@@ -102,19 +99,16 @@ class Node:
         limits: ConnectionLimits,
         metrics: Metrics,
         worker: WorkerSpec | None = None,
-        at_once: AtOnce | None = None,
-        again: Again | None = None,
+        answers: Answers | None = None,
     ) -> None:
-        """`at_once`: requests answered as they are parsed; `again`: requests answered
-        again from their bytes, before parsing (see lota.node.listener)."""
+        """`answers`: requests answered as they are parsed (see lota.node.listener)."""
         self.config = config
         self.metrics = metrics
         self._drain = drain
         self._worker = worker
         server = S3Server(
             handler,
-            at_once=at_once or never_at_once,
-            again=again or never_again,
+            answers=answers,
             limits=limits,
             metrics=metrics,
             request_id=next_request_id,

@@ -514,6 +514,44 @@ async def test_a_request_that_came_whole_is_answered_again_from_its_bytes_alone(
             other.close()
 
 
+async def test_a_miss_the_front_end_answered_is_answered_from_its_bytes_the_next_time(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GET the front end answered (a miss, filled) is remembered as an answer at once
+    is: the next time it comes, once its bytes are in, it is answered from them before
+    any parsing, with the answer parsing gives. One refused is not remembered."""
+    body = os.urandom(5000)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
+    offers: list[Offer] = []
+    _spy_offers(monkeypatch, offers.append)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        whole = request(url)
+        signature = url.rsplit("X-Amz-Signature=", 1)[1]
+        forged = request(url.replace(signature, signature[::-1]))
+        conn, other = await Connection.open(node.url), await Connection.open(node.url)
+        try:
+            missed = await conn.get(whole)
+            assert dict(missed[1])["x-lota-cache"] == "MISS" and missed[2] == body
+            assert (await conn.get(forged))[0] == 403
+            # Another URL of the object, read until a hit: the fill has committed.
+            parsed = await _until_hit(other, _presigned(node.url, bucket, "k", expires=60))
+            offers.clear()
+            assert _without_date(await conn.get(whole)) == _without_date(parsed)
+            assert (offers[0].how, offers[0].reply is not None) == ("again", True)
+            offers.clear()
+            assert (await conn.get(forged))[0] == 403
+            assert [(o.how, o.reply) for o in offers] == [("again", None), ("answer", None)]
+        finally:
+            conn.close()
+            other.close()
+
+
 async def test_body_bytes_shaped_like_a_remembered_request_are_never_answered(
     origin: str,
     origin_s3: Any,
