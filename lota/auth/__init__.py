@@ -123,9 +123,10 @@ class Authenticator:
             self._recent.put(repeat, authorized)
         return authorized
 
-    def holds(self, authorized: Authorized) -> bool:
-        """Whether a verdict this authenticator gave holds now (see :func:`holds`)."""
-        return holds(authorized, self._clock.time())
+    def holds(self, valid: Window | None) -> bool:
+        """Whether a verdict this authenticator gave, valid within `valid` (its
+        :func:`window`), holds now (always, when it has no window: auth is off)."""
+        return valid is None or valid[0] <= self._clock.time() <= valid[1]
 
     def authorize(self, view: RequestView, action: str, resource: str) -> Principal | None:
         """Verify a request that is not an S3 operation (LOTA's admin calls) and require
@@ -245,3 +246,13 @@ def holds(authorized: Authorized, now: float) -> bool:
     would verify again (always, when auth is off)."""
     verified = authorized.verified
     return verified is None or verified.valid_from <= now <= verified.valid_until
+
+
+# When a verdict holds: from, until (Unix time), the window in which its request verifies.
+Window = tuple[float, float]
+
+
+def window(authorized: Authorized) -> Window | None:
+    """When `authorized` holds (see :func:`holds`); None: always (auth is off)."""
+    verified = authorized.verified
+    return None if verified is None else (verified.valid_from, verified.valid_until)

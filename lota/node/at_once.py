@@ -23,7 +23,10 @@ window), the cache entry is alive and fresh, and its bytes are at hand; the head
 written once, but for Date. Offered as bytes (:meth:`AtOnce.again`), it is answered
 before it is even parsed. A GET the front end answered (a miss, filled) is remembered
 too (:meth:`AtOnce.learn`), with nothing counted or read, so that the second read of a
-URL is already answered so. Bounded by what the remembered requests hold
+URL is already answered so. Each request remembered by its bytes is told to the node's
+other workers (:meth:`AtOnce.heard`), which remember it too, planned by their own cache,
+its verdict as given: the next read of the URL is answered from its bytes by whichever
+worker it reaches. Bounded by what the remembered requests hold
 (:data:`MAX_CHARS`), least recently used forgotten first. A request signed in an
 Authorization header is not remembered: its client signs every request afresh.
 """
@@ -35,12 +38,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
 from aiohttp.http_parser import RawRequestMessage
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from lota.aiohttp_internals import http_date
-from lota.auth import Authenticator, Authorized
+from lota.auth import Authenticator, Window, window
 from lota.auth.sigv4 import RequestView
 from lota.cache.reads import HitPlan, SmallHit
 from lota.logs import AccessLog
@@ -67,7 +72,8 @@ RequestKey = bytes | tuple[str, tuple[tuple[bytes, bytes], ...]]
 class Remembered:
     """A request answered at once, ready to be answered again."""
 
-    authorized: Authorized
+    valid: Window | None
+    """When its verdict holds (:func:`lota.auth.window`)."""
     plan: HitPlan
     head: bytes
     """The response's status line and headers, all but Date and Server."""
@@ -98,6 +104,11 @@ class AtOnce:
         self._cacheable: Callable[[Target, Mapping[str, str]], bool] = cache.cacheable
         self._plan_hit = cache.plan_hit
         self._hit = cache.hit
+        # The other workers of the node hear of each request remembered by its bytes, and
+        # remember it too (without verifying it again): a URL read once per epoch is
+        # answered from its bytes by whichever worker its next read reaches.
+        self._tell = cache.tell_answered
+        cache.hear_answered(self.heard)
         # With a catalog, a read may be of a version still on its way home: it waits for
         # the mirror of pending keys to hear of the writes before it (Later), then asks it.
         self._pending = catalog.pending if catalog.on else None
@@ -156,7 +167,7 @@ class AtOnce:
             if hit is None:
                 if known is not None:
                     self._remembered.pop(key)
-                known = self._first(message, key)
+                known = self._first(message, key, tell=known is None)
                 hit = None if known is None else self._hit(known.plan)
         except Exception:  # whatever it is, the front end meets it again and answers it
             return None
@@ -200,27 +211,85 @@ class AtOnce:
 
     def _hit_known(self, known: Remembered) -> SmallHit | None:
         """`known` answered again, if its verdict and its plan still hold."""
-        if not self._auth.holds(known.authorized):
+        if not self._auth.holds(known.valid):
             return None
         meta = known.plan.obj.meta
         if self._held(meta.bucket, meta.key):
             return None
         return self._hit(known.plan)
 
-    def _first(self, message: RawRequestMessage, key: RequestKey) -> Remembered | None:
+    def heard(self, told: Mapping[str, Any]) -> bool:
+        """A request another worker of the node remembered by its bytes (as
+        :meth:`_first` tells it), remembered here too, as planned here, its verdict taken as given;
+        False if `told` is malformed. Never raises otherwise."""
+        try:
+            raw = str(told["raw"]).encode("latin-1")
+            path = str(told["path"])
+            headers = CIMultiDictProxy(CIMultiDict((str(n), str(v)) for n, v in told["headers"]))
+            principal = str(told["principal"])
+            valid = told["valid"]
+            window = None if valid is None else (float(valid[0]), float(valid[1]))
+        except (KeyError, TypeError, ValueError, UnicodeError):
+            return False
+        if self._off or self._remembered.get(raw) is not None:
+            return True
+        try:
+            target = self._target(path, headers)
+            if target is not None:
+                self._plan(raw, path, headers, target, window, principal)
+        except Exception:  # nothing remembered: it is answered the usual way
+            pass
+        return True
+
+    def _first(
+        self, message: RawRequestMessage, key: RequestKey, tell: bool = True
+    ) -> Remembered | None:
         """The front end's steps for a GET, up to how the cache answers it, remembered as
-        `key` unless it is signed in an Authorization header; None when it is not answered
-        at once."""
+        `key` unless it is signed in an Authorization header (and, when `key` is its bytes,
+        told to the other workers if `tell`); None when it is not answered at once."""
         headers = message.headers
-        host = headers.get("host")
-        if host is None or is_admin(host, message.path, self._domain):
+        target = self._target(message.path, headers)
+        if target is None:
             return None
-        target = parse_target(host, message.path, self._domain)
         view = RequestView("GET", target.raw_path, target.query, headers)
         authorized = self._auth.authenticate(view, target.bucket, target.key)
-        if authorized.operation.name != Op.GET_OBJECT or not self._cacheable(target, headers):
+        if authorized.operation.name != Op.GET_OBJECT:
             return None
-        if self._held(target.bucket, target.key):
+        principal = authorized.principal.name if authorized.principal is not None else "-"
+        valid = window(authorized)
+        if "authorization" in headers:
+            return self._plan(None, message.path, headers, target, valid, principal)
+        known = self._plan(key, message.path, headers, target, valid, principal)
+        if known is not None and tell and isinstance(key, bytes):
+            told = {
+                "raw": key.decode("latin-1"),
+                "path": message.path,
+                "headers": list(headers.items()),
+                "principal": principal,
+                "valid": valid,
+            }
+            self._tell(told)
+        return known
+
+    def _target(self, path: str, headers: Mapping[str, str]) -> Target | None:
+        """What a GET of `path` reads; None for the node's own endpoints."""
+        host = headers.get("host")
+        if host is None or is_admin(host, path, self._domain):
+            return None
+        return parse_target(host, path, self._domain)
+
+    def _plan(
+        self,
+        key: RequestKey | None,
+        path: str,
+        headers: Mapping[str, str],
+        target: Target,
+        valid: Window | None,
+        principal: str,
+    ) -> Remembered | None:
+        """How the cache answers an authorized GET of `target` at once, remembered as `key`
+        (not if None); None when it is not answered at once."""
+        if not self._cacheable(target, headers) or self._held(target.bucket, target.key):
             return None
         plan = self._plan_hit(headers, target)
         if plan is None:
@@ -228,14 +297,11 @@ class AtOnce:
         head = _response_head(plan)
         if head is None:
             return None
-        principal = authorized.principal.name if authorized.principal is not None else "-"
-        known = Remembered(authorized, plan, head, principal, message.path)
-        if "authorization" not in headers:
-            if isinstance(key, bytes):
-                size = len(key) + len(head) + len(message.path)
-            else:
-                fields = message.raw_headers
-                size = len(message.path) + len(head) + sum(len(n) + len(v) for n, v in fields)
+        known = Remembered(valid, plan, head, principal, path)
+        if isinstance(key, bytes):
+            self._remembered.put(key, known, len(key) + len(head) + len(path))
+        elif key is not None:
+            size = len(path) + len(head) + sum(len(n) + len(v) for n, v in key[1])
             self._remembered.put(key, known, size)
         return known
 

@@ -86,9 +86,9 @@ async def build_cache(
         sources = {region: OriginSource(origin, metrics) for region, origin in origins.items()}
         alone = {region: Alone(service, source) for region, source in sources.items()}
         local: Mapping[str, NodePlacement] = alone
-        peers = None
+        peers = news = None
         if siblings is not None:
-            local, peers = await stack.enter_async_context(
+            local, peers, news = await stack.enter_async_context(
                 _over_workers(siblings, service, sources, config, metrics, fills)
             )
         placements: Mapping[str, Placement] = local
@@ -163,6 +163,8 @@ async def build_cache(
             )
 
             feature = replace(feature, peer=endpoint.handle)
+        if news is not None:
+            feature = replace(feature, tell_answered=news.answered, hear_answered=news.hear_answers)
         if siblings is not None and tell_siblings is not None:
             feature = replace(feature, waiting=siblings.waiting, tell_siblings=tell_siblings)
         if cluster is not None:
@@ -182,7 +184,7 @@ async def _over_workers(
     config: Config,
     metrics: Metrics,
     fills: TaskGroup,
-) -> AsyncIterator[tuple[dict[str, NodePlacement], PeerClient]]:
+) -> AsyncIterator[tuple[dict[str, NodePlacement], PeerClient, News]]:
     """Each region's placement over this node's workers, and the signed calls to them: the
     siblings' chunks opened from them, this worker's handed to them, and what each learns
     told the others (:class:`News`). Closed on exit."""
@@ -210,6 +212,7 @@ async def _over_workers(
                 for region, src in sources.items()
             },
             peers,
+            news,
         )
 
 

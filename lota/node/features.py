@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -56,6 +56,14 @@ def _not_waiting() -> str:
 
 def _no_etag(bucket: str, key: str) -> str:
     return ""
+
+
+def _tell_no_one(told: dict[str, Any]) -> None:
+    return None
+
+
+def _hear_no_one(hearer: Callable[[Mapping[str, Any]], bool]) -> None:
+    return None
 
 
 def _no_plan(headers: Mapping[str, str], target: Target) -> HitPlan | None:
@@ -99,6 +107,11 @@ class CacheFeature:
     hit: Callable[[HitPlan], SmallHit | None] = _no_hit
     """The GET a plan was made for, answered, if its bytes are at hand (None otherwise, or
     no longer so)."""
+    tell_answered: Callable[[dict[str, Any]], None] = _tell_no_one
+    """Tell the other workers of this node of a request remembered to be answered at once
+    (:meth:`lota.node.at_once.AtOnce.heard` is what hears it there)."""
+    hear_answered: Callable[[Callable[[Mapping[str, Any]], bool]], None] = _hear_no_one
+    """Have this function hear what the other workers tell (:attr:`tell_answered`)."""
 
     @classmethod
     def off(cls) -> CacheFeature:

@@ -12,7 +12,11 @@ path. So a worker that learns something tells every sibling at once:
   before an invalidation; a sibling that checked the object more recently keeps its own;
 - a chunk it published: the sibling remembers the chunk's file
   (:meth:`lota.workers.siblings.SiblingSource.remember`), if it is one of the node's
-  cache files, and opens it when read.
+  cache files, and opens it when read;
+- a request it remembered to answer from its bytes (:mod:`lota.node.at_once`): the
+  sibling remembers it too, with the verdict as given (the sibling is this node's own
+  process, reached only through the node's private socket directory), so that whichever
+  worker the next read of a URL reaches answers it from its bytes.
 
 News goes over the descriptor sockets (:mod:`lota.workers.fds`), one line per batch:
 what is learnt while a batch is on its way goes in the next. It is a hint, never needed
@@ -28,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -72,11 +76,21 @@ class News:
             for result in ("sent", "dropped", "unsent", "heard", "stale", "refused")
         }
         self._tasks = TaskGroup("news")
+        self._answers: Callable[[Mapping[str, Any]], bool] = lambda told: False
 
     # -- telling ----------------------------------------------------------------------
 
     def admitted(self, meta: ObjectMeta, since: float) -> None:
         self._post({"meta": asdict(meta), "since": since})
+
+    def answered(self, told: dict[str, Any]) -> None:
+        """A request remembered to be answered at once (JSON-able, as
+        :meth:`lota.node.at_once.AtOnce.heard` takes it)."""
+        self._post({"answer": told})
+
+    def hear_answers(self, hearer: Callable[[Mapping[str, Any]], bool]) -> None:
+        """Have `hearer` take the requests siblings remembered (False: malformed)."""
+        self._answers = hearer
 
     def published(self, meta: ObjectMeta, index: int, path: str, length: int) -> None:
         chunk = [meta.bucket, meta.key, meta.etag, index]
@@ -111,6 +125,8 @@ class News:
             try:
                 if "meta" in item:
                     result = await self._admit(_meta(item["meta"]), float(item["since"]))
+                elif "answer" in item:
+                    result = "heard" if self._answers(item["answer"]) else "refused"
                 else:
                     result = self._remember(sibling, item)
             except (KeyError, TypeError, ValueError) as exc:

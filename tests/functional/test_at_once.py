@@ -21,10 +21,12 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp.http_parser import RawRequestMessage
 
+from lota.auth import Authenticator
 from lota.catalog import open_catalog
 from lota.clock import FakeClock
 from lota.lifecycle.access import AccessRecorder
-from lota.node.at_once import AtOnce
+from lota.lru import SizedLru
+from lota.node.at_once import MAX_CHARS, AtOnce
 from lota.node.listener import Later, S3RequestHandler
 from lota.regions.pending import PendingKeys
 from lota.testing.node import InProcessNode, node_config, running_node
@@ -550,6 +552,67 @@ async def test_a_miss_the_front_end_answered_is_answered_from_its_bytes_the_next
         finally:
             conn.close()
             other.close()
+
+
+async def test_a_request_another_worker_remembered_is_answered_from_its_bytes_unverified(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each request remembered by its bytes is told to the node's other workers; one
+    told (AtOnce.heard) answers it from its bytes the first time it comes, its verdict
+    taken as given (nothing verifies it again), while the verdict's window is open. What
+    is told malformed is refused."""
+    body = os.urandom(5000)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
+    told: list[dict[str, Any]] = []
+    made: list[AtOnce] = []
+    init = AtOnce.__init__
+
+    def spy_init(self: AtOnce, **parts: Any) -> None:
+        init(self, **parts)
+        self._tell = told.append
+        made.append(self)
+
+    monkeypatch.setattr(AtOnce, "__init__", spy_init)
+    offers: list[Offer] = []
+    _spy_offers(monkeypatch, offers.append)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        whole = request(url)
+        conn = await Connection.open(node.url)
+        try:
+            parsed = await _until_hit(conn, url)
+            assert [item["raw"].encode("latin-1") for item in told] == [whole]
+            # This worker as one that was only told: nothing remembered, nothing verified.
+            [at_once] = made
+            at_once._remembered = SizedLru(MAX_CHARS)
+            authenticate = Authenticator.authenticate
+            monkeypatch.setattr(Authenticator, "authenticate", _never_verified)
+            assert at_once.heard(told[0])
+            offers.clear()
+            assert _without_date(await conn.get(whole)) == _without_date(parsed)
+            assert (offers[0].how, offers[0].reply is not None) == ("again", True)
+            assert [at_once.heard(bad) for bad in ({"raw": "x"}, {**told[0], "valid": 5})] == [
+                False,
+                False,
+            ]
+            # Told a verdict whose window has closed: answered the usual way, verified.
+            at_once._remembered = SizedLru(MAX_CHARS)
+            assert at_once.heard({**told[0], "valid": [0, 1]})
+            monkeypatch.setattr(Authenticator, "authenticate", authenticate)
+            offers.clear()
+            assert _without_date(await conn.get(whole)) == _without_date(parsed)
+            assert offers[0].how == "again" and offers[0].reply is None
+        finally:
+            conn.close()
+
+
+def _never_verified(*args: Any) -> None:
+    raise AssertionError("verified, not taken as told")
 
 
 async def test_body_bytes_shaped_like_a_remembered_request_are_never_answered(
