@@ -152,13 +152,17 @@ class ReadPath:
         placement = self._placement_for(target.bucket)
         return HitPlan(obj, placement, first, last, status, answer, fresh)
 
+    def holds(self, planned: HitPlan) -> bool:
+        """Whether `planned` still holds: its entry is alive and not due for revalidation."""
+        return planned.obj.alive and self._clock.time() <= planned.fresh_until
+
     def hit(self, planned: HitPlan) -> SmallHit | None:
         """The GET `planned` was made for, answered (the first time or again, from the same
         client or another), when every byte of it is in the page cache behind a descriptor
-        open here (:meth:`Deliverer.read_now`); None once its entry is gone or due for
-        revalidation, or its bytes are not at hand."""
+        open here (:meth:`Deliverer.read_now`); None once it no longer :meth:`holds`, or
+        while its bytes are not at hand."""
         obj = planned.obj
-        if not obj.alive or self._clock.time() - planned.fresh_until > 0:
+        if not self.holds(planned):
             return None
         body = self.deliverer.read_now(planned.placement, obj, planned.first, planned.last)
         if body is None:

@@ -103,6 +103,7 @@ class AtOnce:
         self._drain = drain
         self._cacheable: Callable[[Target, Mapping[str, str]], bool] = cache.cacheable
         self._plan_hit = cache.plan_hit
+        self._plan_holds = cache.holds
         self._hit = cache.hit
         # The other workers of the node hear of each request remembered by its bytes, and
         # remember it too (without verifying it again): a URL read once per epoch is
@@ -162,13 +163,12 @@ class AtOnce:
             started = time.perf_counter()
         key: RequestKey = raw if raw is not None else (message.path, message.raw_headers)
         try:
-            known = self._remembered.get(key)
-            hit = None if known is None else self._hit_known(known)
-            if hit is None:
-                if known is not None:
-                    self._remembered.pop(key)
-                known = self._first(message, key, tell=known is None)
-                hit = None if known is None else self._hit(known.plan)
+            known = self._recall(key)
+            if known is None:
+                known = self._first(message, key)
+            elif self._held(known.plan.obj.meta.bucket, known.plan.obj.meta.key):
+                return None
+            hit = None if known is None else self._hit(known.plan)
         except Exception:  # whatever it is, the front end meets it again and answers it
             return None
         if hit is None or known is None:
@@ -185,7 +185,7 @@ class AtOnce:
             return  # not to be remembered (see the module); or about to stop
         key: RequestKey = raw if raw is not None else (message.path, message.raw_headers)
         try:
-            if self._remembered.get(key) is None:
+            if self._recall(key) is None:
                 self._first(message, key)
         except Exception:  # nothing remembered: it is answered the usual way
             return
@@ -196,27 +196,26 @@ class AtOnce:
         logged; None to parse it and answer it the usual way. Never raises."""
         if self._off or self._pending is not None or self._drain.draining:
             return None
-        known = self._remembered.get(raw)
-        if known is None:
-            return None
         started = time.perf_counter()
         try:
-            hit = self._hit_known(known)
+            known = self._recall(raw)
+            hit = None if known is None else self._hit(known.plan)
         except Exception:  # answered the usual way, which meets it again
             return None
-        if hit is None:
-            self._remembered.pop(raw)
+        if hit is None or known is None:
             return None
         return self._send(hit, known, remote, started)
 
-    def _hit_known(self, known: Remembered) -> SmallHit | None:
-        """`known` answered again, if its verdict and its plan still hold."""
-        if not self._auth.holds(known.valid):
+    def _recall(self, key: RequestKey) -> Remembered | None:
+        """The request remembered as `key`, while its verdict and its plan hold (once
+        either does not, it is forgotten; not while its bytes are merely not at hand)."""
+        known = self._remembered.get(key)
+        if known is None:
             return None
-        meta = known.plan.obj.meta
-        if self._held(meta.bucket, meta.key):
-            return None
-        return self._hit(known.plan)
+        if self._auth.holds(known.valid) and self._plan_holds(known.plan):
+            return known
+        self._remembered.pop(key)
+        return None
 
     def heard(self, told: Mapping[str, Any]) -> bool:
         """A request another worker of the node remembered by its bytes (as
@@ -231,7 +230,7 @@ class AtOnce:
             window = None if valid is None else (float(valid[0]), float(valid[1]))
         except (KeyError, TypeError, ValueError, UnicodeError):
             return False
-        if self._off or self._remembered.get(raw) is not None:
+        if self._off or self._recall(raw) is not None:
             return True
         try:
             target = self._target(path, headers)
@@ -241,12 +240,10 @@ class AtOnce:
             pass
         return True
 
-    def _first(
-        self, message: RawRequestMessage, key: RequestKey, tell: bool = True
-    ) -> Remembered | None:
+    def _first(self, message: RawRequestMessage, key: RequestKey) -> Remembered | None:
         """The front end's steps for a GET, up to how the cache answers it, remembered as
         `key` unless it is signed in an Authorization header (and, when `key` is its bytes,
-        told to the other workers if `tell`); None when it is not answered at once."""
+        told to the other workers); None when it is not answered at once."""
         headers = message.headers
         target = self._target(message.path, headers)
         if target is None:
@@ -260,7 +257,7 @@ class AtOnce:
         if "authorization" in headers:
             return self._plan(None, message.path, headers, target, valid, principal)
         known = self._plan(key, message.path, headers, target, valid, principal)
-        if known is not None and tell and isinstance(key, bytes):
+        if known is not None and isinstance(key, bytes):
             told = {
                 "raw": key.decode("latin-1"),
                 "path": message.path,

@@ -140,6 +140,7 @@ async def build_cache(
             cacheable=cacheable,
             serve=reads.serve,
             plan_hit=reads.plan_hit,
+            holds=reads.holds,
             hit=reads.hit,
             invalidate=service.invalidate,
             warm=warm,

@@ -74,6 +74,10 @@ def _no_hit(plan: HitPlan) -> SmallHit | None:
     return None
 
 
+def _holds_not(plan: HitPlan) -> bool:
+    return False
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheFeature:
     """What the front end asks of the node's read cache (built by
@@ -104,9 +108,11 @@ class CacheFeature:
     plan_hit: Callable[[Mapping[str, str], Target], HitPlan | None] = _no_plan
     """How a cacheable GET is answered at once, as :attr:`serve` would answer it, when
     that needs no waiting (a small fresh hit); None otherwise."""
+    holds: Callable[[HitPlan], bool] = _holds_not
+    """Whether a plan still holds: its entry alive and fresh."""
     hit: Callable[[HitPlan], SmallHit | None] = _no_hit
     """The GET a plan was made for, answered, if its bytes are at hand (None otherwise, or
-    no longer so)."""
+    once it no longer holds)."""
     tell_answered: Callable[[dict[str, Any]], None] = _tell_no_one
     """Tell the other workers of this node of a request remembered to be answered at once
     (:meth:`lota.node.at_once.AtOnce.heard` is what hears it there)."""

@@ -227,9 +227,9 @@ class S3RequestHandler(GuardedRequestHandler):
             done = await super().finish_response(request, resp, start_time)
         finally:
             self.answering = False
+        declined, self._declined = self._declined, None
         message = request_message(request)
         if message.method == "GET" and 200 <= resp.status < 300:
-            declined, self._declined = self._declined, None
             raw = declined[1] if declined is not None and declined[0] is message else None
             self._learn(message, raw)
         return done

@@ -21,8 +21,8 @@ path. So a worker that learns something tells every sibling at once:
 News goes over the descriptor sockets (:mod:`lota.workers.fds`), one line per batch:
 what is learnt while a batch is on its way goes in the next. It is a hint, never needed
 for a right answer: a sibling that is restarting, or too slow to hear (more than
-:data:`MAX_WAITING` items waiting for it), misses news and reads those objects the slow
-way. Counted in ``lota_worker_news_total{result}``: sent, dropped (too much waiting, or
+:data:`MAX_WAITING` bytes of news waiting for it), misses news and reads those objects
+the slow way. Counted in ``lota_worker_news_total{result}``: sent, dropped (too much waiting, or
 an item too large for a line), unsent (the sibling did not take the line in time); heard,
 stale (metadata let pass), refused (malformed, or not a cache file).
 """
@@ -45,8 +45,8 @@ from lota.workers.siblings import SiblingSource
 
 log = logging.getLogger("lota.workers")
 
-# Items waiting for one sibling, at most: beyond, news is dropped.
-MAX_WAITING = 5_000
+# Bytes of items waiting for one sibling, at most: beyond, news is dropped.
+MAX_WAITING = 4 * 1024 * 1024
 # Bytes of items in one line, at most (the descriptor socket's bound on a request).
 MAX_BATCH = MAX_REQUEST // 2
 
@@ -160,13 +160,15 @@ class _Outbox:
         self._client = client
         self._news = news
         self._waiting: list[bytes] = []
+        self._waiting_bytes = 0
         self._sending = False
 
     def put(self, item: bytes) -> None:
-        if len(self._waiting) >= MAX_WAITING:
+        if self._waiting_bytes + len(item) > MAX_WAITING:
             self._news.count("dropped", 1)
             return
         self._waiting.append(item)
+        self._waiting_bytes += len(item)
         if not self._sending:
             self._sending = True
             self._news.start(self)
@@ -181,6 +183,7 @@ class _Outbox:
                     batch.append(item)
                     size += len(item) + 1
                 del self._waiting[: len(batch)]
+                self._waiting_bytes -= sum(map(len, batch))
                 try:
                     await self._client.tell(self._news.line(batch))
                 except OSError as exc:  # restarting: what it missed, it reads the slow way

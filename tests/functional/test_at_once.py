@@ -22,6 +22,7 @@ import pytest
 from aiohttp.http_parser import RawRequestMessage
 
 from lota.auth import Authenticator
+from lota.cache.deliver import Deliverer
 from lota.catalog import open_catalog
 from lota.clock import FakeClock
 from lota.lifecycle.access import AccessRecorder
@@ -554,6 +555,90 @@ async def test_a_miss_the_front_end_answered_is_answered_from_its_bytes_the_next
             other.close()
 
 
+def _spy_told(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[AtOnce]]:
+    """What every AtOnce made from here on tells the node's other workers, and each
+    AtOnce made."""
+    told: list[dict[str, Any]] = []
+    made: list[AtOnce] = []
+    init = AtOnce.__init__
+
+    def spy_init(self: AtOnce, **parts: Any) -> None:
+        init(self, **parts)
+        self._tell = told.append
+        made.append(self)
+
+    monkeypatch.setattr(AtOnce, "__init__", spy_init)
+    return told, made
+
+
+async def test_a_request_whose_bytes_are_not_at_hand_stays_remembered_and_is_told_once(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a remembered request's bytes are not at hand (out of the page cache), it is
+    answered the usual way and stays remembered: the other workers are told of it once,
+    not at every read; once its bytes are back, it is answered from its bytes again."""
+    body = os.urandom(5000)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
+    told, _ = _spy_told(monkeypatch)
+    offers: list[Offer] = []
+    _spy_offers(monkeypatch, offers.append)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        whole = request(url)
+        conn = await Connection.open(node.url)
+        try:
+            parsed = await _until_hit(conn, url)
+            assert len(told) == 1
+            read_now = Deliverer.read_now
+            monkeypatch.setattr(Deliverer, "read_now", lambda *args: None)
+            for _ in range(5):
+                assert _without_date(await conn.get(whole)) == _without_date(parsed)
+            assert len(told) == 1
+            monkeypatch.setattr(Deliverer, "read_now", read_now)
+            offers.clear()
+            assert _without_date(await conn.get(whole)) == _without_date(parsed)
+            assert (offers[0].how, offers[0].reply is not None) == ("again", True)
+        finally:
+            conn.close()
+
+
+async def test_a_request_answered_the_usual_way_is_learnt_only_under_its_own_bytes(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+) -> None:
+    """A forged request declined (403) and then a good one the connection never offered
+    (``Connection: close``, answered by aiohttp's task): what the good one is learnt as is
+    never the forged one's bytes, which stay refused on any connection."""
+    body = os.urandom(5000)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        signature = url.rsplit("X-Amz-Signature=", 1)[1]
+        forged = request(url.replace(signature, signature[::-1]))
+        conn = await Connection.open(node.url)
+        try:
+            await _until_hit(conn, url)
+            assert (await conn.get(forged))[0] == 403
+            status, _, got = await conn.get(request(url, connection="close"))
+            assert (status, got) == (200, body)
+        finally:
+            conn.close()
+        for _ in range(2):
+            fresh = await Connection.open(node.url)
+            try:
+                assert (await fresh.get(forged))[0] == 403
+            finally:
+                fresh.close()
+
+
 async def test_a_request_another_worker_remembered_is_answered_from_its_bytes_unverified(
     origin: str,
     origin_s3: Any,
@@ -568,16 +653,7 @@ async def test_a_request_another_worker_remembered_is_answered_from_its_bytes_un
     is told malformed is refused."""
     body = os.urandom(5000)
     await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
-    told: list[dict[str, Any]] = []
-    made: list[AtOnce] = []
-    init = AtOnce.__init__
-
-    def spy_init(self: AtOnce, **parts: Any) -> None:
-        init(self, **parts)
-        self._tell = told.append
-        made.append(self)
-
-    monkeypatch.setattr(AtOnce, "__init__", spy_init)
+    told, made = _spy_told(monkeypatch)
     offers: list[Offer] = []
     _spy_offers(monkeypatch, offers.append)
     async with _node(origin, credentials_file, tmp_path / "cache") as node:

@@ -7,6 +7,7 @@ import http.client
 import os
 import re
 import signal
+import socket
 import threading
 import time
 import urllib.parse
@@ -175,6 +176,38 @@ def test_a_worker_tells_the_others_what_it_learns_so_none_asks_again(
     assert got == [(xxhash.xxh3_128(blobs[key]).hexdigest(), "HIT") for key in keys * 16]
     assert recorder.requests() == []
     assert _total(node, "lota_worker_requests_total") == asked
+
+
+def test_a_request_one_worker_remembers_by_its_bytes_is_told_to_the_other(
+    node: LotaProcess, origin_s3: Any, bucket: str
+) -> None:
+    """A GET that came whole (one write) is remembered by its bytes once answered, and
+    told to the other worker, which takes it in (lota.node.at_once, lota.workers.news):
+    news for each object's metadata, its chunk and the request, all heard."""
+    keys = [f"t{i}" for i in range(4)]
+    for key in keys:
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=os.urandom(1000))
+    urls = [presigned_get(node.url, bucket, key) for key in keys]
+
+    def news(result: str) -> float:
+        return _total(node, "lota_worker_news_total", f'result="{result}"')
+
+    sent_before, heard_before = news("sent"), news("heard")
+    for url in urls:
+        parts = urllib.parse.urlsplit(url)
+        head = f"GET {parts.path}?{parts.query} HTTP/1.1\r\nhost: {parts.netloc}\r\n\r\n"
+        with socket.create_connection((parts.hostname, parts.port), 10) as conn:
+            conn.sendall(head.encode())
+            reply = conn.makefile("rb").readline()
+            assert reply.startswith(b"HTTP/1.1 200"), reply
+    deadline = time.monotonic() + 10
+    while True:
+        sent, heard = news("sent") - sent_before, news("heard") - heard_before
+        if (sent >= 3 * len(keys) and heard == sent) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert sent >= 3 * len(keys) and heard == sent
+    assert news("refused") == 0
 
 
 def _worker_1_late(tmp_path: Path, seconds: float) -> dict[str, str]:
