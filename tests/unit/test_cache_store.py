@@ -931,13 +931,21 @@ async def test_an_answer_older_than_an_invalidation_is_admitted_for_revalidation
 
 @pytest.mark.parametrize(
     ("soft", "kept"),
-    [(256, 512), (1024, 512), (20_000, 5_000), (1 << 20, 16_384), (resource.RLIM_INFINITY, 16_384)],
+    [
+        (256, 512),
+        (1024, 512),
+        (20_000, 5_000),
+        (1 << 18, 65_536),
+        (1 << 20, 131_072),
+        (resource.RLIM_INFINITY, 131_072),
+    ],
 )
 def test_chunk_descriptors_kept_open_follow_the_descriptor_limit(
     monkeypatch: pytest.MonkeyPatch, soft: int, kept: int
 ) -> None:
-    """A quarter of the process's descriptors, within 512..16,384: a hot set of 1,000
-    small objects stays open under a 20,000 limit instead of reopening a file per hit."""
+    """A quarter of the process's descriptors, within 512..131,072: a hot set of 1,000
+    small objects stays open under a 20,000 limit instead of reopening a file per hit, and
+    one of 100,000 under the 1,048,576 limit containers commonly get."""
     monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
     assert fdcache.open_chunk_limit() == kept
     assert fdcache.FdCache()._limit == kept

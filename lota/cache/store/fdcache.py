@@ -9,14 +9,16 @@ from collections import OrderedDict
 from lota.cache.store.entries import Chunk
 
 MIN_OPEN_CHUNKS = 512
-MAX_OPEN_CHUNKS = 16_384
+MAX_OPEN_CHUNKS = 131_072
 
 
 def open_chunk_limit() -> int:
     """Chunk descriptors kept open for hits: a quarter of this process's descriptor limit
     (raised to the hard one at start, :func:`lota.connections.raise_descriptor_limit`),
-    between 512 and 16,384. A hot set of small objects larger than this reopens a file on a
-    thread for every hit; kept descriptors pin nothing (an evicted chunk's is closed)."""
+    between 512 and 131,072 (a hot set of 100,000 small objects under the limit of
+    1,048,576 containers commonly get). A hot set of small objects larger than this
+    reopens a file for every hit; kept descriptors pin nothing (an evicted chunk's is
+    closed)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft < 0:
         return MAX_OPEN_CHUNKS
