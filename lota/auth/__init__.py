@@ -16,8 +16,10 @@ Nothing here does I/O except loading the credentials file once.
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from hashlib import blake2b
 from itertools import chain
 
 from lota.auth import sigv2
@@ -183,9 +185,6 @@ def _asked_for(view: RequestView, bucket: str, key: str) -> str:
 
 # What identifies a request for :class:`RecentlyVerified`: method, path, query, bucket, key
 # and every header, exactly as received.
-RequestKey = tuple[str, str, tuple[tuple[str, str], ...], str, str, tuple[tuple[str, str], ...]]
-
-
 class RecentlyVerified:
     """GET and HEAD requests verified lately, remembered so that an identical one is not
     verified again: a presigned URL read over and over (data loaders, HTTP range readers)
@@ -198,34 +197,45 @@ class RecentlyVerified:
     Repeating a request is no new power: S3 accepts the same presigned URL, or the same
     signed headers within the allowed skew, as many times as it is sent.
 
+    A request is remembered by a 128-bit keyed BLAKE2b digest of it (the key drawn at
+    random when the process starts, so that no one outside it can look for two requests
+    with one digest), not by its hundreds of characters: a verdict then costs the same
+    memory whatever the request's length: about :data:`ENTRY_BYTES`, and the operation's
+    resource, which names the key (measured by a test).
+
     Requests signed in an Authorization header are not remembered (see :meth:`key`): a
     client signs each one afresh. Sized to the requests a node serves over and over, not
-    to a handful: a data loader
-    reading 20,000 objects through 20,000 presigned URLs must not verify each read again.
-    Bounded by the characters the remembered requests hold (`max_chars`: some 30,000
-    presigned GETs of ~700 characters in 20 Mi), the least recently used forgotten first.
+    to a handful: a data loader reading 20,000 objects through 20,000 presigned URLs must
+    not verify each read again. Bounded by memory (`max_bytes`: some 32,000 verdicts in
+    32 MiB), the least recently used forgotten first.
     """
 
-    MAX_CHARS = 20 * 1024 * 1024
-    MAX_KEY_CHARS = 4096  # larger requests are verified every time
+    ENTRY_BYTES = 1024
+    MAX_BYTES = 32 * 1024 * 1024
 
-    def __init__(self, max_chars: int = MAX_CHARS) -> None:
-        self._entries: SizedLru[RequestKey, Authorized] = SizedLru(max_chars)
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self._entries: SizedLru[bytes, Authorized] = SizedLru(max_bytes)
+        self._secret = secrets.token_bytes(32)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def key(self, view: RequestView, bucket: str, key: str) -> RequestKey | None:
+    def key(self, view: RequestView, bucket: str, key: str) -> bytes | None:
         """What identifies the request here; None for one not to remember: not a read, or
         signed in an Authorization header (a client signs each such request afresh, as
         boto3 does, so none comes again: remembered, they would only push presigned URLs
-        out)."""
+        out), or with a NUL in a part (which the digest's input separates them by)."""
         if view.method not in ("GET", "HEAD") or "authorization" in view.headers:
             return None
-        headers = tuple(view.headers.items())
-        return (view.method, view.raw_path, view.query, bucket, key, headers)
+        query = view.query
+        fields = chain.from_iterable((*query, *view.headers.items()))
+        joined = "\0".join((view.method, view.raw_path, bucket, key, str(len(query)), *fields))
+        if joined.count("\0") != 4 + 2 * (len(query) + len(view.headers)):
+            return None
+        text = joined.encode("utf-8", "surrogatepass")
+        return blake2b(text, key=self._secret, digest_size=16).digest()
 
-    def get(self, request: RequestKey, now: float) -> Authorized | None:
+    def get(self, request: bytes, now: float) -> Authorized | None:
         authorized = self._entries.get(request)
         if authorized is None or authorized.verified is None:
             return None
@@ -234,11 +244,9 @@ class RecentlyVerified:
             return None
         return authorized
 
-    def put(self, request: RequestKey, authorized: Authorized) -> None:
-        _, raw_path, query, _, _, headers = request
-        size = len(raw_path) + sum(map(len, chain.from_iterable((*query, *headers))))
-        if size <= self.MAX_KEY_CHARS:
-            self._entries.put(request, authorized, size)
+    def put(self, request: bytes, authorized: Authorized) -> None:
+        size = self.ENTRY_BYTES + len(authorized.operation.resource)
+        self._entries.put(request, authorized, size)
 
 
 def holds(authorized: Authorized, now: float) -> bool:

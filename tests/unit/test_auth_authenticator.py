@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
+import tracemalloc
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -337,12 +339,7 @@ def test_a_repeated_presigned_get_is_verified_once_and_only_while_valid(
     assert checks == ["verify", "verify"]
 
 
-def test_verdicts_are_remembered_for_a_working_set_of_urls_bounded_by_their_size(
-    credentials: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Thousands of presigned URLs read round after round are verified once each (the
-    cache is not sized to a handful of them); a cache bounded to fewer characters forgets
-    the least recently used first and keeps within its bound."""
+def _presigned_views(count: int, key: str = "data/{}") -> list[tuple[RequestView, str, str]]:
     client = boto3.client(
         "s3",
         endpoint_url="http://lota.test:9000",
@@ -351,15 +348,25 @@ def test_verdicts_are_remembered_for_a_working_set_of_urls_bounded_by_their_size
         region_name="us-east-1",
         config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
     )
-    urls = [
-        client.generate_presigned_url("get_object", {"Bucket": "bkt", "Key": f"data/{i}"}, 600)
-        for i in range(3000)
+    return [
+        presigned_view(
+            client.generate_presigned_url("get_object", {"Bucket": "bkt", "Key": key.format(i)})
+        )
+        for i in range(count)
     ]
-    views = [presigned_view(url) for url in urls]
-    for bound, remembered in ((RecentlyVerified.MAX_CHARS, 3000), (300_000, None)):
+
+
+def test_verdicts_are_remembered_for_a_working_set_of_urls_bounded_by_their_memory(
+    credentials: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of presigned URLs read round after round are verified once each (the
+    cache is not sized to a handful of them); a cache bounded to less memory forgets the
+    least recently used first and keeps within its bound."""
+    views = _presigned_views(3000)
+    for bound, remembered in ((RecentlyVerified.MAX_BYTES, 3000), (300_000, None)):
         clock = FakeClock(datetime.now(UTC).timestamp())
         auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), clock)
-        auth._recent = RecentlyVerified(max_chars=bound)
+        auth._recent = RecentlyVerified(max_bytes=bound)
         checks: list[str] = []
 
         def counted(*args: Any, real: Any = auth._verify, checks: list[str] = checks) -> Any:
@@ -373,11 +380,36 @@ def test_verdicts_are_remembered_for_a_working_set_of_urls_bounded_by_their_size
         if remembered is not None:
             assert (len(auth._recent), len(checks)) == (remembered, 3000)
         else:  # each round pushes out the URLs it will ask for next: verified every time
-            size = len(views[0][0].raw_path) + sum(
-                map(len, (*sum(views[0][0].query, ()), *sum(views[0][0].headers.items(), ())))
-            )
-            assert bound // (size + 10) <= len(auth._recent) <= bound // (size - 10)
+            entry = RecentlyVerified.ENTRY_BYTES + len("arn:aws:s3:::bkt/data/1000")
+            assert bound // entry == len(auth._recent)
             assert len(checks) == 6000
+
+
+@pytest.mark.parametrize("key", ["data/{}", "data/{}/" + "long-name/" * 90])
+def test_a_remembered_verdict_takes_the_memory_counted_for_it_whatever_the_url(
+    credentials: Path, key: str
+) -> None:
+    """What the memory of verdicts counts per verdict (ENTRY_BYTES and the resource, which
+    names the key) is what one holds, to within half (traced over 2,000 presigned URLs),
+    for short keys and keys of ~1,000 characters alike: the bound is on memory, not on
+    the request's characters."""
+    views = _presigned_views(2000, key)
+    clock = FakeClock(datetime.now(UTC).timestamp())
+    auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), clock)
+    auth.authenticate(*_presigned_views(1, "warm-up")[0])  # the signing key, once a day
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for view, bucket, name in views:
+            auth.authenticate(view, bucket, name)
+        gc.collect()
+        per_verdict = (tracemalloc.get_traced_memory()[0] - before) / len(views)
+    finally:
+        tracemalloc.stop()
+    assert len(auth._recent) == 2001
+    counted = RecentlyVerified.ENTRY_BYTES + len(f"arn:aws:s3:::bkt/{views[1000][2]}")
+    assert counted / 2 <= per_verdict <= counted
 
 
 def test_a_remembered_verdict_never_covers_a_different_request(credentials: Path) -> None:
