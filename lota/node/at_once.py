@@ -61,7 +61,8 @@ from lota.s3.operations import Op
 # What aiohttp refuses in a header (it could split the head): control characters but tab.
 _FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # Characters of the requests remembered (request line, headers, response head), at most:
-# some 20,000 presigned GETs.
+# some 30,000 presigned GETs of ~830 characters, which hold ~1.3 KB each in memory (the
+# plan and the verdict's window besides): ~40 MB per worker at most.
 MAX_CHARS = 24 * 1024 * 1024
 
 # A request remembered: the bytes it came in as, or its path and headers as parsed.
