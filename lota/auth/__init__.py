@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from hashlib import blake2b
@@ -183,8 +184,6 @@ def _asked_for(view: RequestView, bucket: str, key: str) -> str:
     return name if name in KNOWN else Op.UNKNOWN
 
 
-# What identifies a request for :class:`RecentlyVerified`: method, path, query, bucket, key
-# and every header, exactly as received.
 class RecentlyVerified:
     """GET and HEAD requests verified lately, remembered so that an identical one is not
     verified again: a presigned URL read over and over (data loaders, HTTP range readers)
@@ -201,7 +200,8 @@ class RecentlyVerified:
     random when the process starts, so that no one outside it can look for two requests
     with one digest), not by its hundreds of characters: a verdict then costs the same
     memory whatever the request's length: about :data:`ENTRY_BYTES`, and the operation's
-    resource, which names the key (measured by a test).
+    resource string, which names the key (measured by a test; its size as CPython holds
+    it, four bytes a character when one is outside the Basic Multilingual Plane).
 
     Requests signed in an Authorization header are not remembered (see :meth:`key`): a
     client signs each one afresh. Sized to the requests a node serves over and over, not
@@ -245,7 +245,7 @@ class RecentlyVerified:
         return authorized
 
     def put(self, request: bytes, authorized: Authorized) -> None:
-        size = self.ENTRY_BYTES + len(authorized.operation.resource)
+        size = self.ENTRY_BYTES + sys.getsizeof(authorized.operation.resource)
         self._entries.put(request, authorized, size)
 
 

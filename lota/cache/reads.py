@@ -59,10 +59,12 @@ class ObjectChanged(LotaError):
 @dataclass(frozen=True, slots=True)
 class HitPlan:
     """How a small GET is answered at once (:meth:`ReadPath.plan_hit`): it holds while its
-    entry is alive and fresh; :meth:`ReadPath.hit` answers the GET from it, as often as it
-    comes."""
+    entry is alive, fresh and still of the metadata it was planned from;
+    :meth:`ReadPath.hit` answers the GET from it, as often as it comes."""
 
     obj: CachedObject
+    meta: ObjectMeta
+    """The entry's metadata as planned from: any refresh of the entry replaces it."""
     placement: Placement
     first: int
     last: int
@@ -150,11 +152,15 @@ class ReadPath:
         answer = self._response_headers(headers, target, obj, first, last, status, None, "HIT")
         fresh = m.validated_at + plan.fresh_for(f"{m.bucket}/{m.key}", self._config)
         placement = self._placement_for(target.bucket)
-        return HitPlan(obj, placement, first, last, status, answer, fresh)
+        return HitPlan(obj, m, placement, first, last, status, answer, fresh)
 
     def holds(self, planned: HitPlan) -> bool:
-        """Whether `planned` still holds: its entry is alive and not due for revalidation."""
-        return planned.obj.alive and self._clock.time() <= planned.fresh_until
+        """Whether `planned` still holds: its entry is alive, not due for revalidation, and
+        has not been refreshed since (new headers, or told to be checked with the origin
+        before its next use, :meth:`lota.cache.store.CacheStore.admit`): then it is
+        planned again."""
+        obj = planned.obj
+        return obj.alive and obj.meta is planned.meta and self._clock.time() <= planned.fresh_until
 
     def hit(self, planned: HitPlan) -> SmallHit | None:
         """The GET `planned` was made for, answered (the first time or again, from the same

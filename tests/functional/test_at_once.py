@@ -13,7 +13,7 @@ import ssl
 import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -371,6 +371,12 @@ async def test_a_request_answered_again_is_refused_once_expired_and_never_stale(
             await asyncio.to_thread(s3.put_object, Bucket=bucket, Key="k", Body=b"two" * 50)
             status, _, body = await conn.get(request(url))
             assert (status, body) == (200, b"two" * 50)
+            # Once the new version is a hit, the same URL is answered at once again.
+            await _until_hit(conn, url)
+            answered.clear()
+            for _ in range(3):
+                assert (await conn.get(request(url)))[2] == b"two" * 50
+            assert answered == [True] * 3
         finally:
             conn.close()
 
@@ -602,6 +608,50 @@ async def test_a_request_whose_bytes_are_not_at_hand_stays_remembered_and_is_tol
             monkeypatch.setattr(Deliverer, "read_now", read_now)
             offers.clear()
             assert _without_date(await conn.get(whole)) == _without_date(parsed)
+            assert (offers[0].how, offers[0].reply is not None) == ("again", True)
+        finally:
+            conn.close()
+
+
+async def test_a_remembered_answer_is_planned_again_once_its_entry_is_refreshed(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry refreshed in place (the same object, to be checked with the origin before
+    its next use, as CacheStore.admit leaves it when its metadata may predate a write)
+    stops a remembered answer: the next read is checked with the origin, not answered
+    from its bytes; then it is remembered and answered from them again."""
+    body = os.urandom(5000)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
+    _, made = _spy_told(monkeypatch)
+    offers: list[Offer] = []
+    _spy_offers(monkeypatch, offers.append)
+    async with _node(origin, credentials_file, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        whole = request(url)
+        conn = await Connection.open(node.url)
+        try:
+            await _until_hit(conn, url)
+            [at_once] = made
+            cache = at_once._plan_hit.__self__.cache  # type: ignore[attr-defined]
+            entry = cache.lookup(bucket, "k")
+            await cache.admit(replace(entry.meta, validated_at=0.0))
+            checked = _metric(
+                await node.metrics(), r'lota_cache_revalidations_total\{result="unchanged"\}'
+            )
+            offers.clear()
+            assert (await conn.get(whole))[2] == body
+            assert (offers[0].how, offers[0].reply) == ("again", None)
+            after = _metric(
+                await node.metrics(), r'lota_cache_revalidations_total\{result="unchanged"\}'
+            )
+            assert after == checked + 1
+            offers.clear()
+            assert (await conn.get(whole))[2] == body
             assert (offers[0].how, offers[0].reply is not None) == ("again", True)
         finally:
             conn.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import io
 import logging
+import sys
 import tracemalloc
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -380,19 +381,21 @@ def test_verdicts_are_remembered_for_a_working_set_of_urls_bounded_by_their_memo
         if remembered is not None:
             assert (len(auth._recent), len(checks)) == (remembered, 3000)
         else:  # each round pushes out the URLs it will ask for next: verified every time
-            entry = RecentlyVerified.ENTRY_BYTES + len("arn:aws:s3:::bkt/data/1000")
+            entry = RecentlyVerified.ENTRY_BYTES + sys.getsizeof("arn:aws:s3:::bkt/data/1000")
             assert bound // entry == len(auth._recent)
             assert len(checks) == 6000
 
 
-@pytest.mark.parametrize("key", ["data/{}", "data/{}/" + "long-name/" * 90])
+@pytest.mark.parametrize(
+    "key", ["data/{}", "data/{}/" + "long-name/" * 90, "data/{}/" + "\U0001f600" * 250]
+)
 def test_a_remembered_verdict_takes_the_memory_counted_for_it_whatever_the_url(
     credentials: Path, key: str
 ) -> None:
     """What the memory of verdicts counts per verdict (ENTRY_BYTES and the resource, which
     names the key) is what one holds, to within half (traced over 2,000 presigned URLs),
-    for short keys and keys of ~1,000 characters alike: the bound is on memory, not on
-    the request's characters."""
+    for short keys, keys of ~1,000 characters and keys of emoji alike: the bound is on
+    memory, not on the request's characters."""
     views = _presigned_views(2000, key)
     clock = FakeClock(datetime.now(UTC).timestamp())
     auth = Authenticator(AuthConfig(mode="sigv4", credentials=str(credentials)), clock)
@@ -408,7 +411,7 @@ def test_a_remembered_verdict_takes_the_memory_counted_for_it_whatever_the_url(
     finally:
         tracemalloc.stop()
     assert len(auth._recent) == 2001
-    counted = RecentlyVerified.ENTRY_BYTES + len(f"arn:aws:s3:::bkt/{views[1000][2]}")
+    counted = RecentlyVerified.ENTRY_BYTES + sys.getsizeof(f"arn:aws:s3:::bkt/{views[1000][2]}")
     assert counted / 2 <= per_verdict <= counted
 
 

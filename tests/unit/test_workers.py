@@ -31,7 +31,7 @@ from lota.metrics import Metrics
 from lota.tasks import TaskGroup
 from lota.workers import fds, siblings
 from lota.workers.metrics import merge
-from lota.workers.news import News
+from lota.workers.news import MAX_BATCH, MAX_WAITING, News
 from lota.workers.node import is_sibling, worker_name
 from lota.workers.placement import MetadataHome
 
@@ -438,6 +438,31 @@ async def _worker_store(root: Path) -> AsyncIterator[ChunkService]:
 def _meta(key: str, validated_at: float, etag: str = '"e"') -> ObjectMeta:
     return ObjectMeta("b", key, etag, 100, "Sun, 06 Dec 2026 05:00:00 GMT",
                       (("content-type", "text/plain"),), validated_at=validated_at)  # fmt: skip
+
+
+async def test_news_waiting_for_a_sibling_that_does_not_take_it_is_bounded_by_bytes(
+    tmp_path: Path,
+) -> None:
+    """A sibling that takes no line (stuck, restarting) gets at most MAX_WAITING bytes of
+    news waiting for it, however large the items: the rest is dropped and counted."""
+
+    class Stuck:
+        async def tell(self, line: bytes) -> None:
+            await asyncio.Event().wait()
+
+    async with _worker_store(tmp_path / "w0") as cache:
+        metrics = Metrics()
+        news = News(0, cache, {}, {1: Stuck()}, metrics, [str(tmp_path / "w0")])  # type: ignore[dict-item]
+        told = {"raw": "x" * 20_000}
+        size = len(json.dumps({"answer": told}, separators=(",", ":")))
+        for _ in range(1000):
+            news.answered(told)
+        await asyncio.sleep(0)
+        dropped = metrics.worker_news.labels("dropped")._value.get()
+        # One batch is on its way; what waits behind it stays within the bound.
+        assert 1000 - dropped <= MAX_BATCH // size + MAX_WAITING // size + 1
+        assert dropped >= 1000 - (MAX_BATCH + MAX_WAITING) // size - 2
+        await news.close()
 
 
 async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
