@@ -27,6 +27,9 @@ class Seen:
     range: str
     status: int
     body_bytes: int
+    cut: bool = False
+    """The receiver closed the connection as the body's last piece or its end was written:
+    the body was recorded whole, but some of it perhaps only reached a socket buffer."""
 
 
 class RecordingProxy:
@@ -53,8 +56,10 @@ class RecordingProxy:
                 if (method is None or s.method == method) and (path is None or s.path == path)
             ]
 
-    def bytes_sent(self, path: str | None = None) -> int:
-        return sum(s.body_bytes for s in self.requests("GET", path))
+    def bytes_sent(self, path: str | None = None, *, whole: bool = False) -> int:
+        """Body bytes of the GETs of `path` (all paths if None); only those whose body was
+        all written if `whole`."""
+        return sum(s.body_bytes for s in self.requests("GET", path) if not (whole and s.cut))
 
     def clear(self) -> None:
         with self._lock:
@@ -123,22 +128,28 @@ class RecordingProxy:
             pieces = upstream.content.iter_chunked(256 * 1024)
             piece = b"" if request.method == "HEAD" else await anext(pieces, b"")
             sent = 0
+            recorded = None
             if not piece:
-                self._record(request, upstream.status, 0)
+                recorded = self._record(request, upstream.status, 0)
             await response.prepare(request)
-            while piece:
-                following = await anext(pieces, b"")
-                sent += len(piece)
-                if not following:
-                    self._record(request, upstream.status, sent)
-                await response.write(piece)
-                if self.pace:
-                    await asyncio.sleep(self.pace)
-                piece = following
-            await response.write_eof()
+            try:
+                while piece:
+                    following = await anext(pieces, b"")
+                    sent += len(piece)
+                    if not following:
+                        recorded = self._record(request, upstream.status, sent)
+                    await response.write(piece)
+                    if self.pace:
+                        await asyncio.sleep(self.pace)
+                    piece = following
+                await response.write_eof()
+            except ConnectionError:  # the receiver went before the body was all written
+                if recorded is not None:  # (one gone before its last piece is not recorded)
+                    recorded.cut = True
+                raise
         return response
 
-    def _record(self, request: web.BaseRequest, status: int, sent: int) -> None:
+    def _record(self, request: web.BaseRequest, status: int, sent: int) -> Seen:
         seen = Seen(
             request.method,
             request.path,
@@ -149,6 +160,7 @@ class RecordingProxy:
         )
         with self._lock:
             self.seen.append(seen)
+        return seen
 
 
 @contextmanager
