@@ -101,6 +101,39 @@ async def _node(
         yield node
 
 
+@dataclass
+class OneObject:
+    """A node in front of one 5,000-byte object ``k``: its presigned GET, that request's
+    bytes, and one connection to the node."""
+
+    node: InProcessNode
+    body: bytes
+    url: str
+    whole: bytes
+    conn: Connection
+
+
+@asynccontextmanager
+async def _one_object(
+    origin: str, origin_s3: Any, bucket: str, credentials: Path, tmp_path: Path
+) -> AsyncIterator[OneObject]:
+    body = os.urandom(5000)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
+    async with _node(origin, credentials, tmp_path / "cache") as node:
+        url = presigned_get(node.url, bucket, "k")
+        conn = await Connection.open(node.url)
+        try:
+            yield OneObject(node, body, url, request(url), conn)
+        finally:
+            conn.close()
+
+
+def _forged(url: str) -> bytes:
+    """A GET of presigned `url` with its signature reversed (well-formed, wrong)."""
+    signature = url.rsplit("X-Amz-Signature=", 1)[1]
+    return request(url.replace(signature, signature[::-1]))
+
+
 class Connection:
     """One keep-alive connection; requests may be written together (pipelined)."""
 
@@ -534,30 +567,24 @@ async def test_a_miss_the_front_end_answered_is_answered_from_its_bytes_the_next
     """A GET the front end answered (a miss, filled) is remembered as an answer at once
     is: the next time it comes, once its bytes are in, it is answered from them before
     any parsing, with the answer parsing gives. One refused is not remembered."""
-    body = os.urandom(5000)
-    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
     offers: list[Offer] = []
     _spy_offers(monkeypatch, offers.append)
-    async with _node(origin, credentials_file, tmp_path / "cache") as node:
-        url = presigned_get(node.url, bucket, "k")
-        whole = request(url)
-        signature = url.rsplit("X-Amz-Signature=", 1)[1]
-        forged = request(url.replace(signature, signature[::-1]))
-        conn, other = await Connection.open(node.url), await Connection.open(node.url)
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        forged = _forged(one.url)
+        conn, other = one.conn, await Connection.open(one.node.url)
         try:
-            missed = await conn.get(whole)
-            assert dict(missed[1])["x-lota-cache"] == "MISS" and missed[2] == body
+            missed = await conn.get(one.whole)
+            assert dict(missed[1])["x-lota-cache"] == "MISS" and missed[2] == one.body
             assert (await conn.get(forged))[0] == 403
             # Another URL of the object, read until a hit: the fill has committed.
-            parsed = await _until_hit(other, _presigned(node.url, bucket, "k", expires=60))
+            parsed = await _until_hit(other, _presigned(one.node.url, bucket, "k", expires=60))
             offers.clear()
-            assert _without_date(await conn.get(whole)) == _without_date(parsed)
+            assert _without_date(await conn.get(one.whole)) == _without_date(parsed)
             assert (offers[0].how, offers[0].reply is not None) == ("again", True)
             offers.clear()
             assert (await conn.get(forged))[0] == 403
             assert [(o.how, o.reply) for o in offers] == [("again", None), ("answer", None)]
         finally:
-            conn.close()
             other.close()
 
 
@@ -588,29 +615,22 @@ async def test_a_request_whose_bytes_are_not_at_hand_stays_remembered_and_is_tol
     """While a remembered request's bytes are not at hand (out of the page cache), it is
     answered the usual way and stays remembered: the other workers are told of it once,
     not at every read; once its bytes are back, it is answered from its bytes again."""
-    body = os.urandom(5000)
-    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
     told, _ = _spy_told(monkeypatch)
     offers: list[Offer] = []
     _spy_offers(monkeypatch, offers.append)
-    async with _node(origin, credentials_file, tmp_path / "cache") as node:
-        url = presigned_get(node.url, bucket, "k")
-        whole = request(url)
-        conn = await Connection.open(node.url)
-        try:
-            parsed = await _until_hit(conn, url)
-            assert len(told) == 1
-            read_now = Deliverer.read_now
-            monkeypatch.setattr(Deliverer, "read_now", lambda *args: None)
-            for _ in range(5):
-                assert _without_date(await conn.get(whole)) == _without_date(parsed)
-            assert len(told) == 1
-            monkeypatch.setattr(Deliverer, "read_now", read_now)
-            offers.clear()
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        conn, whole = one.conn, one.whole
+        parsed = await _until_hit(conn, one.url)
+        assert len(told) == 1
+        read_now = Deliverer.read_now
+        monkeypatch.setattr(Deliverer, "read_now", lambda *args: None)
+        for _ in range(5):
             assert _without_date(await conn.get(whole)) == _without_date(parsed)
-            assert (offers[0].how, offers[0].reply is not None) == ("again", True)
-        finally:
-            conn.close()
+        assert len(told) == 1
+        monkeypatch.setattr(Deliverer, "read_now", read_now)
+        offers.clear()
+        assert _without_date(await conn.get(whole)) == _without_date(parsed)
+        assert (offers[0].how, offers[0].reply is not None) == ("again", True)
 
 
 async def test_a_remembered_answer_is_planned_again_once_its_entry_is_refreshed(
@@ -625,36 +645,26 @@ async def test_a_remembered_answer_is_planned_again_once_its_entry_is_refreshed(
     its next use, as CacheStore.admit leaves it when its metadata may predate a write)
     stops a remembered answer: the next read is checked with the origin, not answered
     from its bytes; then it is remembered and answered from them again."""
-    body = os.urandom(5000)
-    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
     _, made = _spy_told(monkeypatch)
     offers: list[Offer] = []
     _spy_offers(monkeypatch, offers.append)
-    async with _node(origin, credentials_file, tmp_path / "cache") as node:
-        url = presigned_get(node.url, bucket, "k")
-        whole = request(url)
-        conn = await Connection.open(node.url)
-        try:
-            await _until_hit(conn, url)
-            [at_once] = made
-            cache = at_once._plan_hit.__self__.cache  # type: ignore[attr-defined]
-            entry = cache.lookup(bucket, "k")
-            await cache.admit(replace(entry.meta, validated_at=0.0))
-            checked = _metric(
-                await node.metrics(), r'lota_cache_revalidations_total\{result="unchanged"\}'
-            )
-            offers.clear()
-            assert (await conn.get(whole))[2] == body
-            assert (offers[0].how, offers[0].reply) == ("again", None)
-            after = _metric(
-                await node.metrics(), r'lota_cache_revalidations_total\{result="unchanged"\}'
-            )
-            assert after == checked + 1
-            offers.clear()
-            assert (await conn.get(whole))[2] == body
-            assert (offers[0].how, offers[0].reply is not None) == ("again", True)
-        finally:
-            conn.close()
+    unchanged = r'lota_cache_revalidations_total\{result="unchanged"\}'
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        conn, whole, body = one.conn, one.whole, one.body
+        await _until_hit(conn, one.url)
+        [at_once] = made
+        cache = at_once._plan_hit.__self__.cache  # type: ignore[attr-defined]
+        entry = cache.lookup(bucket, "k")
+        await cache.admit(replace(entry.meta, validated_at=0.0))
+        checked = _metric(await one.node.metrics(), unchanged)
+        offers.clear()
+        assert (await conn.get(whole))[2] == body
+        assert (offers[0].how, offers[0].reply) == ("again", None)
+        after = _metric(await one.node.metrics(), unchanged)
+        assert after == checked + 1
+        offers.clear()
+        assert (await conn.get(whole))[2] == body
+        assert (offers[0].how, offers[0].reply is not None) == ("again", True)
 
 
 async def test_a_request_answered_the_usual_way_is_learnt_only_under_its_own_bytes(
@@ -667,22 +677,14 @@ async def test_a_request_answered_the_usual_way_is_learnt_only_under_its_own_byt
     """A forged request declined (403) and then a good one the connection never offered
     (``Connection: close``, answered by aiohttp's task): what the good one is learnt as is
     never the forged one's bytes, which stay refused on any connection."""
-    body = os.urandom(5000)
-    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
-    async with _node(origin, credentials_file, tmp_path / "cache") as node:
-        url = presigned_get(node.url, bucket, "k")
-        signature = url.rsplit("X-Amz-Signature=", 1)[1]
-        forged = request(url.replace(signature, signature[::-1]))
-        conn = await Connection.open(node.url)
-        try:
-            await _until_hit(conn, url)
-            assert (await conn.get(forged))[0] == 403
-            status, _, got = await conn.get(request(url, connection="close"))
-            assert (status, got) == (200, body)
-        finally:
-            conn.close()
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        forged = _forged(one.url)
+        await _until_hit(one.conn, one.url)
+        assert (await one.conn.get(forged))[0] == 403
+        status, _, got = await one.conn.get(request(one.url, connection="close"))
+        assert (status, got) == (200, one.body)
         for _ in range(2):
-            fresh = await Connection.open(node.url)
+            fresh = await Connection.open(one.node.url)
             try:
                 assert (await fresh.get(forged))[0] == 403
             finally:
@@ -701,40 +703,33 @@ async def test_a_request_another_worker_remembered_is_answered_from_its_bytes_un
     told (AtOnce.heard) answers it from its bytes the first time it comes, its verdict
     taken as given (nothing verifies it again), while the verdict's window is open. What
     is told malformed is refused."""
-    body = os.urandom(5000)
-    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
     told, made = _spy_told(monkeypatch)
     offers: list[Offer] = []
     _spy_offers(monkeypatch, offers.append)
-    async with _node(origin, credentials_file, tmp_path / "cache") as node:
-        url = presigned_get(node.url, bucket, "k")
-        whole = request(url)
-        conn = await Connection.open(node.url)
-        try:
-            parsed = await _until_hit(conn, url)
-            assert [item["raw"].encode("latin-1") for item in told] == [whole]
-            # This worker as one that was only told: nothing remembered, nothing verified.
-            [at_once] = made
-            at_once._remembered = SizedLru(MAX_CHARS)
-            authenticate = Authenticator.authenticate
-            monkeypatch.setattr(Authenticator, "authenticate", _never_verified)
-            assert at_once.heard(told[0])
-            offers.clear()
-            assert _without_date(await conn.get(whole)) == _without_date(parsed)
-            assert (offers[0].how, offers[0].reply is not None) == ("again", True)
-            assert [at_once.heard(bad) for bad in ({"raw": "x"}, {**told[0], "valid": 5})] == [
-                False,
-                False,
-            ]
-            # Told a verdict whose window has closed: answered the usual way, verified.
-            at_once._remembered = SizedLru(MAX_CHARS)
-            assert at_once.heard({**told[0], "valid": [0, 1]})
-            monkeypatch.setattr(Authenticator, "authenticate", authenticate)
-            offers.clear()
-            assert _without_date(await conn.get(whole)) == _without_date(parsed)
-            assert offers[0].how == "again" and offers[0].reply is None
-        finally:
-            conn.close()
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        conn, whole = one.conn, one.whole
+        parsed = await _until_hit(conn, one.url)
+        assert [item["raw"].encode("latin-1") for item in told] == [whole]
+        # This worker as one that was only told: nothing remembered, nothing verified.
+        [at_once] = made
+        at_once._remembered = SizedLru(MAX_CHARS)
+        authenticate = Authenticator.authenticate
+        monkeypatch.setattr(Authenticator, "authenticate", _never_verified)
+        assert at_once.heard(told[0])
+        offers.clear()
+        assert _without_date(await conn.get(whole)) == _without_date(parsed)
+        assert (offers[0].how, offers[0].reply is not None) == ("again", True)
+        assert [at_once.heard(bad) for bad in ({"raw": "x"}, {**told[0], "valid": 5})] == [
+            False,
+            False,
+        ]
+        # Told a verdict whose window has closed: answered the usual way, verified.
+        at_once._remembered = SizedLru(MAX_CHARS)
+        assert at_once.heard({**told[0], "valid": [0, 1]})
+        monkeypatch.setattr(Authenticator, "authenticate", authenticate)
+        offers.clear()
+        assert _without_date(await conn.get(whole)) == _without_date(parsed)
+        assert offers[0].how == "again" and offers[0].reply is None
 
 
 def _never_verified(*args: Any) -> None:
