@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -145,6 +146,21 @@ def percentiles(samples: Sequence[float]) -> dict[str, float]:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
     return {"p50": statistics.median(ordered) * 1000, "p99": at(0.99), "p99.9": at(0.999)}
+
+
+def write_small_objects(root: Path, bucket: str, count: int, prefix: str = "") -> list[str]:
+    """`count` distinct 64 KiB files under ``root/bucket/prefix`` (each a window of one
+    random block, so writing them costs no more randomness than one); their keys."""
+    folder = root / bucket / prefix
+    folder.mkdir(parents=True)
+    size = 64 * 1024
+    block = os.urandom(size + count)
+    keys = []
+    for i in range(count):
+        name = f"{i:06d}.bin"
+        (folder / name).write_bytes(block[i : i + size])
+        keys.append(f"{prefix}/{name}" if prefix else name)
+    return keys
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

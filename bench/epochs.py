@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -29,12 +28,11 @@ from urllib.parse import urlsplit
 
 import uvloop
 
-from bench.common import presigned_urls, save, table
+from bench.common import presigned_urls, save, table, write_small_objects
 from bench.origin import FileOrigin
 from lota.testing.credentials import write_credentials
 from lota.testing.node import node_config, running_node
 
-KiB = 1024
 BUCKET = "bench-epochs"
 PASSES = ("fill (misses)", "second (hits)", "third (hits)")
 
@@ -70,13 +68,7 @@ async def _pass(host: str, port: int, requests: list[bytes], concurrency: int) -
 async def run(objects: int, concurrency: int) -> list[dict[str, float | str]]:
     with tempfile.TemporaryDirectory(prefix="lota-epochs-") as tmp:
         work = Path(tmp)
-        root = work / "origin" / BUCKET
-        root.mkdir(parents=True)
-        block = os.urandom(64 * KiB + objects)
-        keys = []
-        for i in range(objects):
-            (root / f"{i:06d}.bin").write_bytes(block[i : i + 64 * KiB])
-            keys.append(f"{i:06d}.bin")
+        keys = write_small_objects(work / "origin", BUCKET, objects)
         with FileOrigin(work / "origin") as origin:
             settings = {
                 "origin": origin.endpoint,

@@ -32,7 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentiles, presigned_urls, save, table
+from bench.common import percentiles, presigned_urls, save, table, write_small_objects
 from bench.latency import run_cell
 from bench.loadgen import get_request
 from bench.origin import FileOrigin
@@ -140,13 +140,7 @@ def lota_pids(node: LotaProcess) -> list[int]:
 
 
 def write_objects(root: Path, count: int) -> list[str]:
-    folder = root / BUCKET / "small"
-    folder.mkdir(parents=True)
-    block = os.urandom(64 * KiB + count)
-    keys = []
-    for i in range(count):
-        (folder / f"{i:05d}.bin").write_bytes(block[i : i + 64 * KiB])
-        keys.append(f"small/{i:05d}.bin")
+    keys = write_small_objects(root, BUCKET, count, "small")
     big = root / BUCKET / "big.bin"
     with big.open("wb") as f:
         chunk = os.urandom(16 * MiB)
