@@ -129,7 +129,7 @@ class Authenticator:
     def holds(self, valid: Window | None) -> bool:
         """Whether a verdict this authenticator gave, valid within `valid` (its
         :func:`window`), holds now (always, when it has no window: auth is off)."""
-        return valid is None or valid[0] <= self._clock.time() <= valid[1]
+        return within(valid, self._clock.time())
 
     def authorize(self, view: RequestView, action: str, resource: str) -> Principal | None:
         """Verify a request that is not an S3 operation (LOTA's admin calls) and require
@@ -252,12 +252,16 @@ class RecentlyVerified:
 def holds(authorized: Authorized, now: float) -> bool:
     """Whether a verdict given earlier holds at `now` (Unix time): while the same request
     would verify again (always, when auth is off)."""
-    verified = authorized.verified
-    return verified is None or verified.valid_from <= now <= verified.valid_until
+    return within(window(authorized), now)
 
 
 # When a verdict holds: from, until (Unix time), the window in which its request verifies.
 Window = tuple[float, float]
+
+
+def within(valid: Window | None, now: float) -> bool:
+    """Whether `now` is inside `valid` (always, for no window: auth is off)."""
+    return valid is None or valid[0] <= now <= valid[1]
 
 
 def window(authorized: Authorized) -> Window | None:

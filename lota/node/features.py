@@ -109,7 +109,7 @@ class CacheFeature:
     """How a cacheable GET is answered at once, as :attr:`serve` would answer it, when
     that needs no waiting (a small fresh hit); None otherwise."""
     holds: Callable[[HitPlan], bool] = _holds_not
-    """Whether a plan still holds: its entry alive and fresh."""
+    """Whether a plan still holds: its entry alive, fresh, and not refreshed since."""
     hit: Callable[[HitPlan], SmallHit | None] = _no_hit
     """The GET a plan was made for, answered, if its bytes are at hand (None otherwise, or
     once it no longer holds)."""
