@@ -52,7 +52,7 @@ from lota.logs import AccessLog
 from lota.lru import SizedLru
 from lota.metrics import Metrics
 from lota.node.features import CacheFeature, CatalogFeature
-from lota.node.listener import Buffers, Later, Reply
+from lota.node.listener import Answers, Buffers, Later, Reply
 from lota.node.node import Drain
 from lota.node.requests import next_request_id
 from lota.s3.addressing import Target, is_admin, parse_target
@@ -83,7 +83,7 @@ class Remembered:
     """The request's target, as the access log names it."""
 
 
-class AtOnce:
+class AtOnce(Answers):
     """Answers the small hits a node can answer without waiting (see the module)."""
 
     def __init__(

@@ -36,7 +36,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -96,9 +96,10 @@ Buffers = Sequence[bytes | bytearray]
 Reply = Buffers | Later | None
 
 
-class Answers(Protocol):
-    """What a server answers as its connections parse requests (see the module):
-    :class:`lota.node.at_once.AtOnce`."""
+class Answers:
+    """What a server answers as its connections parse requests (see the module): here,
+    nothing (every request answered by aiohttp's task); :class:`lota.node.at_once.AtOnce`
+    answers small hits."""
 
     def answer(
         self,
@@ -110,31 +111,15 @@ class Answers(Protocol):
         """A request just parsed: answered, declined (None) or Later. Offered again after
         a Later, with it (`waited`); `raw`: the bytes it came in as, when they were
         exactly that request."""
+        return None
 
     def again(self, raw: bytes, remote: str | None) -> Buffers | None:
         """A request answered again from its bytes alone, before parsing; or None."""
+        return None
 
     def learn(self, message: RawRequestMessage, raw: bytes | None) -> None:
         """A GET declined here has been answered by aiohttp's task (2xx): remember it if
         it can be answered here when it comes again. `raw` as for :meth:`answer`."""
-
-
-class NoAnswers:
-    """Every request answered by aiohttp's task."""
-
-    def answer(
-        self,
-        message: RawRequestMessage,
-        remote: str | None,
-        waited: Later | None,
-        raw: bytes | None,
-    ) -> Reply:
-        return None
-
-    def again(self, raw: bytes, remote: str | None) -> Buffers | None:
-        return None
-
-    def learn(self, message: RawRequestMessage, raw: bytes | None) -> None:
         return None
 
 
@@ -363,7 +348,7 @@ class S3Server(GuardedServer):
         **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
-        self.answers: Answers = answers or NoAnswers()
+        self.answers = answers or Answers()
 
     def __call__(self) -> RequestHandler:
         return S3RequestHandler(self, loop=server_loop(self), **handler_kwargs(self))
