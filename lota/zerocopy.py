@@ -1,0 +1,131 @@
+"""A small hit's body sent from the page cache, never copied through Python.
+
+A 64 KiB hit read into a buffer (``preadv``) and written from it (``writev``) is copied
+twice on its way to the socket; nginx sends its cached files with ``sendfile(2)``, which
+copies none. Here a :class:`FileSpan` names a hit's bytes (a descriptor, an offset, a
+count); :func:`resident` says whether the page cache holds all of them (``cachestat(2)``,
+Linux 6.5+), so that sending them never waits for a drive on the event loop; :func:`send`
+writes a response's head with ``MSG_MORE`` and then its span with ``sendfile(2)``: one
+segment on the wire for both, two system calls, as many as the copy took.
+
+Where the kernel or the C library lacks either call (:data:`AVAILABLE`), :func:`resident`
+says False and hits are read and written as bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+# cachestat(2)'s number, the same on every architecture that has it (Linux 6.5+).
+_SYS_CACHESTAT = 451
+# struct cachestat_range {off, len}, then struct cachestat {nr_cache, nr_dirty,
+# nr_writeback, nr_evicted, nr_recently_evicted}: seven 64-bit words.
+_Words = ctypes.c_uint64 * 7
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+_syscall = None if _LIBC is None else _LIBC.syscall
+_send = None if _LIBC is None else _LIBC.send
+if _syscall is not None and _send is not None:
+    _syscall.restype = ctypes.c_long
+    _syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    _syscall.argtypes += [ctypes.c_uint]
+    _send.restype = ctypes.c_ssize_t
+    _send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+_MSG_MORE = getattr(socket, "MSG_MORE", 0)
+
+
+def _cachestat(fd: int, words: ctypes.Array[ctypes.c_uint64]) -> bool:
+    assert _syscall is not None
+    address = ctypes.addressof(words)
+    done: int = _syscall(_SYS_CACHESTAT, fd, address, address + 16, 0)
+    return done == 0
+
+
+def _probe() -> bool:
+    """Whether this kernel has cachestat(2) and lets this process call it: asked of no
+    file, it says EBADF (without it ENOSYS; a container's filter may say EPERM)."""
+    if _syscall is None or _send is None or not _MSG_MORE:
+        return False
+    return not _cachestat(-1, _Words()) and ctypes.get_errno() == errno.EBADF
+
+
+AVAILABLE = _probe()
+
+
+@dataclass(frozen=True, slots=True)
+class FileSpan:
+    """`count` bytes at `offset` of the open file `fd`, which the page cache held when the
+    span was made (:func:`resident`). The descriptor is not this object's: it stays open
+    only until the event loop goes on, so a span is sent or read at once."""
+
+    fd: int
+    offset: int
+    count: int
+    short: Callable[[], object] | None = None
+    """Called when the file turns out not to hold the span (cut short, or failing): the
+    cache drops it."""
+
+    def read(self, skip: int = 0) -> bytes | None:
+        """The span's bytes from `skip` on; None if the file no longer holds them all
+        (then :attr:`short` is called)."""
+        want = self.count - skip
+        try:
+            data = os.pread(self.fd, want, self.offset + skip)
+        except OSError:
+            data = b""
+        if len(data) == want:
+            return data
+        if self.short is not None:
+            self.short()
+        return None
+
+
+def resident(fd: int, offset: int, count: int) -> bool:
+    """Whether the page cache holds every byte of `count` (> 0) at `offset` of file `fd`:
+    then :func:`send` will not wait for a drive. Always False where cachestat(2) is not to
+    be had (:data:`AVAILABLE`)."""
+    if not AVAILABLE:
+        return False
+    words = _Words(offset, count)
+    if not _cachestat(fd, words):
+        return False
+    pages = (offset + count - 1) // PAGE - offset // PAGE + 1
+    cached: int = words[2]
+    return cached >= pages
+
+
+def send(sock: int, head: bytes, span: FileSpan) -> int:
+    """Write `head` then `span` on the non-blocking socket `sock` as far as it takes them
+    now: the bytes written, of ``len(head) + span.count``. Fewer when the socket's buffer
+    fills, it fails or the file ends early: the caller writes the rest, or gives up the
+    connection. Never raises."""
+    if _send is None:
+        return 0
+    sent: int = _send(sock, head, len(head), _MSG_MORE)
+    if sent < len(head):
+        return max(sent, 0)
+    done = 0
+    while done < span.count:
+        try:
+            n = os.sendfile(sock, span.fd, span.offset + done, span.count - done)
+        except OSError:  # EAGAIN: the socket's buffer is full; EPIPE...: it is gone
+            break
+        if n == 0:
+            break
+        done += n
+    return sent + done
