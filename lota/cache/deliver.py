@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 from prometheus_client import Counter
 
+from lota import zerocopy
 from lota.aiohttp_internals import payload_writer
 from lota.cache.fill import ChunkFill
 from lota.cache.plan import body_start, pieces
@@ -38,6 +39,7 @@ from lota.errors import LotaError, OriginError
 from lota.http import sent_beside
 from lota.metrics import Metrics
 from lota.threads import run_in_thread, submit
+from lota.zerocopy import FileSpan
 
 log = logging.getLogger("lota.cache")
 
@@ -140,12 +142,20 @@ class Deliverer:
 
     def read_now(
         self, placement: Placement, obj: CachedObject, first: int, last: int
-    ) -> bytes | bytearray | None:
+    ) -> bytes | bytearray | FileSpan | None:
         """Like :meth:`read_cached`, without waiting: the bytes if every chunk is open here
         already (this worker's, checked; or a descriptor another worker handed over) and in
-        the page cache; None otherwise (:meth:`read_cached` may still find them)."""
+        the page cache; None otherwise (:meth:`read_cached` may still find them). Within
+        one chunk of this worker's, a span of its file, to be sent from the page cache."""
+        size = last - first + 1
+        parts = list(pieces(first, last, self.chunk_size))
+        if len(parts) == 1:
+            span = self._span_now(placement, obj, parts[0][0], parts[0][1], size)
+            if span is not None:
+                self._sent_hit.n += size
+                return span
         found = []
-        for index, lo, hi in pieces(first, last, self.chunk_size):
+        for index, lo, hi in parts:
             data = self.cache.read_hot(obj, index, lo, hi - lo)
             if data is None:
                 opened = placement.kept_elsewhere(obj, index)
@@ -158,7 +168,25 @@ class Deliverer:
                 if data is None:
                     return None
             found.append(data)
-        return self._hit(found, last - first + 1)
+        return self._hit(found, size)
+
+    def _span_now(
+        self, placement: Placement, obj: CachedObject, index: int, lo: int, count: int
+    ) -> FileSpan | None:
+        """`count` bytes at `lo` of chunk `index` as a span of a file open here that stays
+        open (a hot chunk of this worker's, or one whose descriptor another worker handed
+        over and that is kept), if the page cache holds them; None otherwise."""
+        span = self.cache.span_hot(obj, index, lo, count)
+        if span is not None or not zerocopy.AVAILABLE:
+            return span
+        opened = placement.kept_elsewhere(obj, index)
+        if opened is None:
+            return None
+        fd = opened.fd
+        opened.close()
+        if opened.fd != fd or not zerocopy.resident(fd, lo, count):
+            return None  # closed with its last user: not kept
+        return FileSpan(fd, lo, count)
 
     def _hit(self, found: list[bytes | bytearray], size: int) -> bytes | bytearray:
         self._sent_hit.n += size

@@ -44,6 +44,7 @@ from lota.metrics import Metrics
 from lota.s3 import conditions
 from lota.s3.addressing import Target
 from lota.s3.errors import S3Error, s3_error
+from lota.zerocopy import FileSpan
 
 log = logging.getLogger("lota.cache")
 
@@ -78,7 +79,8 @@ class SmallHit:
     """A GET answered at once (:meth:`ReadPath.hit`): how, and the body."""
 
     plan: HitPlan
-    body: bytes | bytearray
+    body: bytes | bytearray | FileSpan
+    """The bytes, or where the page cache holds them (sent from there at once)."""
 
     @property
     def status(self) -> int:

@@ -26,7 +26,9 @@ from lota.cache.store import CachedObject
 
 
 class OpenedChunk(Protocol):
-    """A chunk file held by another process of this node, open here: send it from `fd`."""
+    """A chunk file held by another process of this node, open here: send it from `fd`.
+    Once closed, `fd` is -1, unless the descriptor is kept open here (then it stays open
+    at least until the event loop goes on)."""
 
     fd: int
     length: int

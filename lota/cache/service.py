@@ -19,6 +19,7 @@ from lota.cache.intake import Intake, start_intake
 from lota.cache.plan import chunk_span
 from lota.cache.source import ByteSource, ChunkSource
 from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta, Watcher
+from lota.zerocopy import FileSpan
 
 
 class ChunkService:
@@ -91,6 +92,10 @@ class ChunkService:
     ) -> bytes | bytearray | None:
         """Bytes of a chunk already open and in the page cache, read without a thread."""
         return self._store.read_hot(obj, index, offset, count)
+
+    def span_hot(self, obj: CachedObject, index: int, offset: int, count: int) -> FileSpan | None:
+        """The same bytes as :meth:`read_hot`, as a span of the chunk's open file, to send."""
+        return self._store.span_hot(obj, index, offset, count)
 
     def keeps(self, obj: CachedObject, index: int) -> bool:
         """Whether a fill of this chunk would be kept now (the admission rule, which a

@@ -5,8 +5,9 @@ aiohttp's task, request and response objects than in the hit itself. The connect
 (:mod:`lota.node.listener`) offers each GET without a body that arrives while it has nothing
 else in hand to :meth:`AtOnce.answer`, which takes the front end's steps (target, SigV4
 verdict, cacheable, :meth:`lota.cache.reads.ReadPath.plan_hit`, then
-:meth:`~lota.cache.reads.ReadPath.hit`) and returns the response's
-buffers, counted and logged as the front end counts and logs; or declines, with nothing
+:meth:`~lota.cache.reads.ReadPath.hit`) and returns the response (its head, and its
+body as bytes or as a span of the chunk's file that the page cache holds), counted and
+logged as the front end counts and logs; or declines, with nothing
 counted, and the front end answers the request as if it had never been offered.
 
 With a catalog, a GET may be of a key with a version on its way home, served from
@@ -52,7 +53,7 @@ from lota.logs import AccessLog
 from lota.lru import SizedLru
 from lota.metrics import Metrics
 from lota.node.features import CacheFeature, CatalogFeature
-from lota.node.listener import Answers, Buffers, Later, Reply
+from lota.node.listener import Answers, Later, Reply, Response
 from lota.node.node import Drain
 from lota.node.requests import next_request_id
 from lota.s3.addressing import Target, is_admin, parse_target
@@ -138,7 +139,7 @@ class AtOnce(Answers):
         waited: Later | None = None,
         raw: bytes | None = None,
     ) -> Reply:
-        """The response to `message` as the buffers to write, counted and logged; None to
+        """The response to `message` (head and body) to write, counted and logged; None to
         leave it to the front end; with a catalog, first a :class:`Later` (`waited` when
         it is offered again). `raw`: the bytes it came in as, when they were exactly this
         request (it is remembered by them). Never raises."""
@@ -191,9 +192,9 @@ class AtOnce(Answers):
         except Exception:  # nothing remembered: it is answered the usual way
             return
 
-    def again(self, raw: bytes, remote: str | None) -> Buffers | None:
+    def again(self, raw: bytes, remote: str | None) -> Response | None:
         """The response to the request that came in as the bytes `raw`, if it was answered
-        here before and still holds (see the module): the buffers to write, counted and
+        here before and still holds (see the module): the response to write, counted and
         logged; None to parse it and answer it the usual way. Never raises."""
         if self._off or self._pending is not None or self._drain.draining:
             return None
@@ -313,13 +314,13 @@ class AtOnce(Answers):
         known: Remembered,
         remote: str | None,
         started: float,
-    ) -> Buffers:
-        """Count and log `hit` as the front end would, and give its buffers."""
+    ) -> Response:
+        """Count and log `hit` as the front end would, and give its response."""
         date = http_date()
         if date != self._date:
             self._date = date
             self._tail = f"Date: {date}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n".encode()
-        size = len(hit.body)
+        size = hit.plan.last - hit.plan.first + 1
         elapsed = time.perf_counter() - started
         self._bytes_out.n += size
         self._counts[hit.status].n += 1

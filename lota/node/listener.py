@@ -7,10 +7,11 @@ middlewares) is a measured choice: it keeps the hit path's per-request work smal
 :class:`lota.http.BodyWriter`.
 
 Answered at once: a request without a body that arrives while its connection has nothing
-else in hand is first offered to the server's `at_once` (the front end's
-:meth:`~lota.node.front.Front.answer_now`: a small cache hit), which answers it there and
-then, as the parser hands it over, with one write; aiohttp's task, request and response
-objects cost more than the hit itself (``python -m bench.nginx``). Whatever `at_once`
+else in hand is first offered to the server's `answers` (:class:`lota.node.at_once.AtOnce`:
+a small cache hit), which answers it there and then, as the parser hands it over: its
+head, then its body sent from the page cache (:mod:`lota.zerocopy`) when nothing waits to
+be written before it, else written through the transport; aiohttp's task, request and
+response objects cost more than the hit itself (``python -m bench.nginx``). Whatever `at_once`
 declines, and everything after it on that connection, goes the usual way, in order.
 `at_once` may also answer :class:`Later`: the request stays first in the queue, aiohttp's
 task asleep, until the Later's future is done; then it is offered again.
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -45,6 +46,7 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler
 
+from lota import zerocopy
 from lota.aiohttp_internals import (
     closing,
     handler_kwargs,
@@ -69,6 +71,7 @@ from lota.http import BodyWriter
 from lota.node.errors import error_response
 from lota.node.requests import next_request_id
 from lota.s3.errors import S3Error
+from lota.zerocopy import FileSpan
 
 # aiohttp refuses longer request lines (8 KiB by default) before LOTA sees them; keys over
 # S3's 1,024 bytes, percent-encoded, must reach the KeyTooLongError check. Each header
@@ -90,10 +93,11 @@ class Later:
     """When the request was first offered (its time counts from there)."""
 
 
-Buffers = Sequence[bytes | bytearray]
-# A request answered at once: its response's buffers (head, body), None to decline, or
-# Later.
-Reply = Buffers | Later | None
+# A response written at once: its head, then its body, as bytes or as a span of a file
+# that the page cache holds (sent from there, :mod:`lota.zerocopy`).
+Response = tuple[bytes, bytes | bytearray | FileSpan]
+# A request answered at once: its response, None to decline, or Later.
+Reply = Response | Later | None
 
 
 class Answers:
@@ -113,7 +117,7 @@ class Answers:
         exactly that request."""
         return None
 
-    def again(self, raw: bytes, remote: str | None) -> Buffers | None:
+    def again(self, raw: bytes, remote: str | None) -> Response | None:
         """A request answered again from its bytes alone, before parsing; or None."""
         return None
 
@@ -137,6 +141,9 @@ class S3RequestHandler(GuardedRequestHandler):
         # learnt once aiohttp's task has answered it.
         self._declined: tuple[RawRequestMessage, bytes | None] | None = None
         self._remote: str | None = None
+        # The socket's descriptor, where a response may be written on it directly: none
+        # under TLS (-1).
+        self._socket = -1
         # The parser is between two requests: the next bytes start one.
         self._between = True
         # From when aiohttp's task takes a request off the queue until its response is
@@ -147,6 +154,13 @@ class S3RequestHandler(GuardedRequestHandler):
         self._resuming = False
         # aiohttp's task's future, held while the first queued request waits for a Later.
         self._held: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        tls = transport.get_extra_info("sslcontext") or transport.get_extra_info("ssl_object")
+        if sock is not None and tls is None:
+            self._socket = sock.fileno()
 
     def data_received(self, data: bytes) -> None:
         if self._resuming or self.answering or queued_requests(self) or self.writing_paused:
@@ -195,8 +209,31 @@ class S3RequestHandler(GuardedRequestHandler):
         reply = self._again(data, self._remote)
         if reply is None:
             return False
-        transport.writelines(reply)
+        self._write(transport, reply)
         self._answered()
+        return True
+
+    def _write(self, transport: asyncio.Transport, response: Response) -> bool:
+        """Write a response answered here: a span of a file straight from the page cache
+        when nothing else waits to be written before it (:func:`lota.zerocopy.send`), else
+        through the transport; once some of it is out and the rest cannot be read, the
+        connection is cut (never a short body presented as whole): then False."""
+        head, body = response
+        if not isinstance(body, FileSpan):
+            transport.writelines((head, body))
+            return True
+        sent = 0
+        if self._socket >= 0 and not transport.get_write_buffer_size():
+            sent = zerocopy.send(self._socket, head, body)
+        if sent < len(head):
+            transport.write(head[sent:])
+        skip = max(0, sent - len(head))
+        if skip < body.count:
+            rest = body.read(skip)
+            if rest is None:
+                transport.abort()
+                return False
+            transport.write(rest)
         return True
 
     def _answered(self) -> None:
@@ -265,8 +302,9 @@ class S3RequestHandler(GuardedRequestHandler):
                     waits = True
                 break
             take_message(self)
-            transport.writelines(reply)
             answered = True
+            if not self._write(transport, reply):
+                break
         if answered:
             self._answered()
         return waits

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp.http_parser import RawRequestMessage
 
+from lota import zerocopy
 from lota.auth import Authenticator
 from lota.cache.deliver import Deliverer
 from lota.catalog import open_catalog
@@ -31,6 +32,7 @@ from lota.node.at_once import MAX_CHARS, AtOnce
 from lota.node.listener import Later, S3RequestHandler
 from lota.regions.pending import PendingKeys
 from lota.testing.node import InProcessNode, node_config, running_node
+from lota.zerocopy import FileSpan
 from tests.conftest import client_for, presigned_get
 
 Reply = tuple[int, list[tuple[str, str]], bytes]
@@ -414,8 +416,73 @@ async def test_a_request_answered_again_is_refused_once_expired_and_never_stale(
             conn.close()
 
 
-async def test_a_client_that_pipelines_hundreds_of_hits_gets_every_answer_in_order(
+def _spy_sends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """What each write from the page cache (lota.zerocopy.send) wrote, of how much."""
+    sends: list[tuple[int, int]] = []
+    send = zerocopy.send
+
+    def spy(sock: int, head: bytes, span: FileSpan) -> int:
+        sent = send(sock, head, span)
+        sends.append((sent, len(head) + span.count))
+        return sent
+
+    monkeypatch.setattr(zerocopy, "send", spy)
+    return sends
+
+
+async def test_hits_answered_at_once_are_sent_from_the_page_cache(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hit's body goes from the chunk's file to the socket (sendfile), not through a
+    buffer; whole ranges and ranges within the chunk alike."""
+    sends = _spy_sends(monkeypatch)
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        await _until_hit(one.conn, one.url)
+        sends.clear()
+        for _ in range(5):
+            status, _, body = await one.conn.get(one.whole)
+            assert (status, body == one.body) == (200, True)
+        status, _, body = await one.conn.get(request(one.url, range="bytes=100-4195"))
+        assert (status, body == one.body[100:4196]) == (206, True)
+    assert len(sends) == 6
+    assert all(sent == whole for sent, whole in sends)
+
+
+async def test_a_chunk_cut_short_under_its_open_descriptor_cuts_the_connection_once(
     origin: str, origin_s3: Any, bucket: str, credentials_file: Path, tmp_path: Path
+) -> None:
+    """A chunk file cut short behind the cache's back (its descriptor kept open, its pages
+    still in memory): the client sent from it loses its connection, never gets a short
+    body as whole; the chunk is dropped, and the next read fetches it again, whole."""
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        await _until_hit(one.conn, one.url)
+        chunks = [
+            p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size == 5000
+        ]
+        assert len(chunks) == 1
+        os.truncate(chunks[0], 4900)
+        with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+            await asyncio.wait_for(one.conn.get(one.whole), 10)
+        again = await Connection.open(one.node.url)
+        try:
+            status, headers, body = await again.get(one.whole)
+        finally:
+            again.close()
+        assert (status, dict(headers)["x-lota-cache"], body == one.body) == (200, "MISS", True)
+
+
+async def test_a_client_that_pipelines_hundreds_of_hits_gets_every_answer_in_order(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """300 requests written before any answer is read (19 MiB of answers): aiohttp stops
     reading a connection whose queue holds 32 parsed requests; the requests answered at
@@ -424,12 +491,14 @@ async def test_a_client_that_pipelines_hundreds_of_hits_gets_every_answer_in_ord
     objects = {f"s{i}": os.urandom(64 * 1024) for i in range(4)}
     for key, data in objects.items():
         await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key=key, Body=data)
+    sends = _spy_sends(monkeypatch)
     async with _node(origin, credentials_file, tmp_path / "cache") as node:
         urls = {key: presigned_get(node.url, bucket, key) for key in objects}
         conn = await Connection.open(node.url)
         try:
             for url in urls.values():
                 await _until_hit(conn, url)
+            sends.clear()
             keys = [f"s{i % 4}" for i in range(300)]
             conn.send(*(request(urls[key]) for key in keys))
             await asyncio.sleep(0.5)
@@ -438,6 +507,10 @@ async def test_a_client_that_pipelines_hundreds_of_hits_gets_every_answer_in_ord
                 assert (status, body == objects[key]) == (200, True), (n, key)
         finally:
             conn.close()
+    # Sent from the page cache while the socket took them; cut short where it filled up
+    # (the rest written from the file's bytes); then through the transport's buffer.
+    assert sends and any(sent < whole for sent, whole in sends)
+    assert len(sends) < len(keys)
 
 
 async def test_over_tls_hits_are_answered_at_once_too(

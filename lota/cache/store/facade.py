@@ -35,6 +35,7 @@ from lota.cache.store.table import ChunkTable
 from lota.cache.store.writer import ChunkWriter, Fills
 from lota.clock import Clock
 from lota.tasks import TaskGroup
+from lota.zerocopy import FileSpan
 
 log = logging.getLogger("lota.cache")
 
@@ -373,6 +374,13 @@ class CacheStore:
         call holds."""
         chunk = obj.chunks.get(index) if obj.alive and self._ready else None
         return None if chunk is None else self._readers.read_hot(chunk, offset, count)
+
+    def span_hot(self, obj: CachedObject, index: int, offset: int, count: int) -> FileSpan | None:
+        """Like :meth:`read_hot`, the bytes as a span of the chunk's open file, to be sent
+        from the page cache at once (:mod:`lota.zerocopy`); None where :meth:`read_hot`
+        would be, and where the kernel cannot tell that the bytes are resident."""
+        chunk = obj.chunks.get(index) if obj.alive and self._ready else None
+        return None if chunk is None else self._readers.span_hot(chunk, offset, count)
 
     async def open_chunk(self, obj: CachedObject, index: int) -> ChunkReader | None:
         """Open chunk `index` for reading, verified as the policy says; None if absent or

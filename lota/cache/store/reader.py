@@ -22,6 +22,7 @@ from lota.cache.store.fdcache import FdCache
 from lota.cache.store.pool import IOPool
 from lota.cache.store.table import ChunkTable
 from lota.clock import Clock
+from lota.zerocopy import FileSpan, resident
 
 log = logging.getLogger("lota.cache")
 
@@ -98,18 +99,33 @@ class Readers:
 
     def read_hot(self, chunk: Chunk, offset: int, count: int) -> bytes | bytearray | None:
         """See :meth:`lota.cache.store.CacheStore.read_hot`."""
-        if self._digest_to_check(chunk) is not None:
-            return None
-        if chunk.fd < 0 and not self._reopen(chunk):
+        if not self._hot(chunk):
             return None
         data = read_resident(chunk.fd, count, offset)
         if data is None:
             if os.fstat(chunk.fd).st_size < chunk.length:  # cut short: never serve it
                 self.drop_unreadable(chunk.obj, chunk.index)
             return None
+        self._used(chunk)
+        return data
+
+    def span_hot(self, chunk: Chunk, offset: int, count: int) -> FileSpan | None:
+        """See :meth:`lota.cache.store.CacheStore.span_hot`."""
+        if not self._hot(chunk) or not resident(chunk.fd, offset, count):
+            return None
+        self._used(chunk)
+        dropped = partial(self.drop_unreadable, chunk.obj, chunk.index)
+        return FileSpan(chunk.fd, offset, count, dropped)
+
+    def _hot(self, chunk: Chunk) -> bool:
+        """Whether `chunk` is read here without a thread: checked, its descriptor open."""
+        if self._digest_to_check(chunk) is not None:
+            return False
+        return chunk.fd >= 0 or self._reopen(chunk)
+
+    def _used(self, chunk: Chunk) -> None:
         self._fds.used(chunk)
         self._touch(chunk)
-        return data
 
     def _reopen(self, chunk: Chunk) -> bool:
         """Open again, here on the loop, a chunk opened and checked since start-up whose
