@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from lota import zerocopy
 from lota.aiohttp_internals import bound_address
 from lota.config import Config
 from lota.connections import ConnectionLimits
@@ -145,6 +146,11 @@ class Node:
             ) from exc
         url = _bound_url(site, self.config)
         log.info("LOTA %s listening on %s (region %s)", _version(), url, self.config.region)
+        if self.config.cache.dirs and not zerocopy.AVAILABLE:
+            log.warning(
+                "cachestat(2) is not available (Linux before 6.5, or a seccomp filter): small "
+                "hits are copied to the socket, not sent from the page cache"
+            )
         return url
 
     async def drain(self) -> None:
