@@ -86,18 +86,27 @@ class _Reply(asyncio.Protocol):
             self._fail(ValueError("bytes from the server with no request outstanding"))
             return
         if self._length < 0:
-            self._head += data
-            end = self._head.find(b"\r\n\r\n")
+            # The head is looked for where it is, and only its bytes are kept: a server
+            # that sends a head and its body in one segment costs no more to read than
+            # one that sends them apart.
+            if self._head:
+                self._head += data
+                head: bytes | bytearray = self._head
+            else:
+                head = data
+            end = head.find(b"\r\n\r\n")
             if end < 0:
+                if not self._head:
+                    self._head += data
                 if len(self._head) > HEADER_LIMIT:
                     self._fail(ValueError("response header section too large"))
                 return
             try:
-                self._parse(bytes(self._head[:end]).decode("latin-1"))
+                self._parse(bytes(head[:end]).decode("latin-1"))
             except ValueError as exc:
                 self._fail(exc)
                 return
-            self._count = len(self._head) - end - 4
+            self._count = len(head) - end - 4
         else:
             self._count += len(data)
         if self._count > self._length:

@@ -11,7 +11,9 @@ Every object is read once through each before timing (a cold fill, untimed). The
 the lean load generator (:mod:`bench.loadgen`, in its own process): 64 KiB hits at
 concurrency 16 and 64, over hot sets of 1,000 and 20,000 distinct objects, each read
 through its own presigned SigV4 URL (nginx gets the same URLs); and 1 GiB hits with one
-and four ``curl`` clients. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx.
+and four ``curl`` clients. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx; the
+CPU each spent per request, and the load generator's (the two cores are shared: what
+one server's answers cost the load generator to read is taken from that server).
 
     python -m bench.nginx                 # ~3 minutes
     python -m bench.nginx --requests 5000 --sets 1000
@@ -164,6 +166,7 @@ async def cell(
         "errors": out["errors"],
         "req_per_s": n / out["wall_s"],
         "cpu_us_per_req": used / max(n, 1) * 1e6,
+        "client_cpu_us_per_req": out["client_cpu_s"] / max(n, 1) * 1e6,
         **percentiles(out["samples"]),
     }
 
@@ -245,6 +248,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                     f"{nginx['p50']:.2f} / {nginx['p99']:.2f}",
                     f"{lota['p99'] / nginx['p99']:.2f}x",
                     f"{lota['cpu_us_per_req']:.0f} / {nginx['cpu_us_per_req']:.0f}",
+                    f"{lota['client_cpu_us_per_req']:.0f} / {nginx['client_cpu_us_per_req']:.0f}",
                 ]
             )
     catalog = " and a SQLite catalog" if args.catalog else ""
@@ -264,6 +268,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                 "nginx p50 / p99 ms",
                 "p99 LOTA / nginx",
                 "CPU µs/req LOTA / nginx",
+                "load generator µs/req",
             ],
             rows,
         )
