@@ -10,9 +10,7 @@ from contextlib import asynccontextmanager
 from bench.loadgen import LoadClient, get_request
 
 BODY = bytes(range(256)) * 256  # 64 KiB
-HEAD = (
-    f"HTTP/1.1 200 OK\r\nContent-Length: {len(BODY)}\r\nx-lota-cache: HIT\r\n\r\n".encode()
-)
+HEAD = f"HTTP/1.1 200 OK\r\nContent-Length: {len(BODY)}\r\nx-lota-cache: HIT\r\n\r\n".encode()
 
 Writes = Callable[[bytes], list[bytes]]
 
