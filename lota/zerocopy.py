@@ -4,7 +4,9 @@ A 64 KiB hit read into a buffer (``preadv``) and written from it (``writev``) is
 twice on its way to the socket; nginx sends its cached files with ``sendfile(2)``, which
 copies none. Here a :class:`FileSpan` names a hit's bytes (a descriptor, an offset, a
 count); :func:`resident` says whether the page cache holds all of them (``cachestat(2)``,
-Linux 6.5+), so that sending them never waits for a drive on the event loop; :func:`send`
+Linux 6.5+), so that sending them does not wait for a drive on the event loop (but for
+pages still being read in, which it counts as held: a span is made only of bytes read
+whole from memory before, :func:`lota.cache.store.reader.read_or_span`); :func:`send`
 writes a response's head with ``MSG_MORE`` and then its span with ``sendfile(2)``: one
 segment on the wire for both, two system calls, as many as the copy took.
 
@@ -15,7 +17,6 @@ says False and hits are read and written as bytes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import socket
@@ -31,8 +32,9 @@ _Words = ctypes.c_uint64 * 7
 
 
 def _libc() -> ctypes.CDLL | None:
+    """The C library the process runs with (glibc or musl), by its symbols."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
 
@@ -96,9 +98,9 @@ class FileSpan:
 
 
 def resident(fd: int, offset: int, count: int) -> bool:
-    """Whether the page cache holds every byte of `count` (> 0) at `offset` of file `fd`:
-    then :func:`send` will not wait for a drive. Always False where cachestat(2) is not to
-    be had (:data:`AVAILABLE`)."""
+    """Whether the page cache holds every byte of `count` (> 0) at `offset` of file `fd`,
+    counting pages still being read in from the drive (cachestat does not tell them
+    apart). Always False where cachestat(2) is not to be had (:data:`AVAILABLE`)."""
     if not AVAILABLE:
         return False
     words = _Words(offset, count)

@@ -27,14 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 from prometheus_client import Counter
 
-from lota import zerocopy
 from lota.aiohttp_internals import payload_writer
 from lota.cache.fill import ChunkFill
 from lota.cache.plan import body_start, pieces
 from lota.cache.route import Placement
 from lota.cache.service import ChunkService
 from lota.cache.source import ByteSource, SourceBroke
-from lota.cache.store import CachedObject, read_resident
+from lota.cache.store import CachedObject, read_or_span, read_resident
 from lota.errors import LotaError, OriginError
 from lota.http import sent_beside
 from lota.metrics import Metrics
@@ -131,6 +130,7 @@ class Deliverer:
         found = []
         for index, lo, hi in pieces(first, last, self.chunk_size):
             data = self.cache.read_hot(obj, index, lo, hi - lo)
+            assert not isinstance(data, FileSpan)  # not asked for one
             if data is None:
                 data = await self._read_cold(obj, index, lo, hi - lo)
             if data is None:
@@ -141,52 +141,43 @@ class Deliverer:
         return self._hit(found, last - first + 1)
 
     def read_now(
-        self, placement: Placement, obj: CachedObject, first: int, last: int
+        self,
+        placement: Placement,
+        obj: CachedObject,
+        first: int,
+        last: int,
+        *,
+        span: bool = False,
     ) -> bytes | bytearray | FileSpan | None:
         """Like :meth:`read_cached`, without waiting: the bytes if every chunk is open here
-        already (this worker's, checked; or a descriptor another worker handed over) and in
-        the page cache; None otherwise (:meth:`read_cached` may still find them). Within
-        one chunk of this worker's, a span of its file, to be sent from the page cache."""
+        already (this worker's, checked; or a descriptor another worker handed over and
+        that is kept here) and in the page cache; None otherwise (:meth:`read_cached` may
+        still find them). `span`: within one chunk, as a span of its file, to be sent from
+        the page cache at once (:func:`lota.cache.store.reader.read_or_span`)."""
         size = last - first + 1
         parts = list(pieces(first, last, self.chunk_size))
-        if len(parts) == 1:
-            span = self._span_now(placement, obj, parts[0][0], parts[0][1], size)
-            if span is not None:
-                self._sent_hit.n += size
-                return span
+        span = span and len(parts) == 1
         found = []
         for index, lo, hi in parts:
-            data = self.cache.read_hot(obj, index, lo, hi - lo)
-            if data is None:
+            got = self.cache.read_hot(obj, index, lo, hi - lo, span=span)
+            if got is None:
                 opened = placement.kept_elsewhere(obj, index)
                 if opened is None:
                     return None
-                try:
-                    data = read_resident(opened.fd, hi - lo, lo)
+                try:  # a span of it only while its descriptor stays open here
+                    spans = span and opened.kept
+                    got = read_or_span(
+                        opened.fd, lo, hi - lo, opened, span=spans, short=opened.drop
+                    )
                 finally:
                     opened.close()
-                if data is None:
-                    return None
-            found.append(data)
+            if got is None:
+                return None
+            if isinstance(got, FileSpan):
+                self._sent_hit.n += size
+                return got
+            found.append(got)
         return self._hit(found, size)
-
-    def _span_now(
-        self, placement: Placement, obj: CachedObject, index: int, lo: int, count: int
-    ) -> FileSpan | None:
-        """`count` bytes at `lo` of chunk `index` as a span of a file open here that stays
-        open (a hot chunk of this worker's, or one whose descriptor another worker handed
-        over and that is kept), if the page cache holds them; None otherwise."""
-        span = self.cache.span_hot(obj, index, lo, count)
-        if span is not None or not zerocopy.AVAILABLE:
-            return span
-        opened = placement.kept_elsewhere(obj, index)
-        if opened is None:
-            return None
-        fd = opened.fd
-        opened.close()
-        if opened.fd != fd or not zerocopy.resident(fd, lo, count):
-            return None  # closed with its last user: not kept
-        return FileSpan(fd, lo, count)
 
     def _hit(self, found: list[bytes | bytearray], size: int) -> bytes | bytearray:
         self._sent_hit.n += size

@@ -164,15 +164,18 @@ class ReadPath:
         obj = planned.obj
         return obj.alive and obj.meta is planned.meta and self._clock.time() <= planned.fresh_until
 
-    def hit(self, planned: HitPlan) -> SmallHit | None:
+    def hit(self, planned: HitPlan, span: bool = False) -> SmallHit | None:
         """The GET `planned` was made for, answered (the first time or again, from the same
         client or another), when every byte of it is in the page cache behind a descriptor
         open here (:meth:`Deliverer.read_now`); None once it no longer :meth:`holds`, or
-        while its bytes are not at hand."""
+        while its bytes are not at hand. `span`: its body may be a span of a chunk's file,
+        to be sent from the page cache at once (when the connection can take it so)."""
         obj = planned.obj
         if not self.holds(planned):
             return None
-        body = self.deliverer.read_now(planned.placement, obj, planned.first, planned.last)
+        body = self.deliverer.read_now(
+            planned.placement, obj, planned.first, planned.last, span=span
+        )
         if body is None:
             return None
         self._read_ahead(planned.placement, obj, planned.first, planned.last)

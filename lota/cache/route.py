@@ -26,14 +26,19 @@ from lota.cache.store import CachedObject
 
 
 class OpenedChunk(Protocol):
-    """A chunk file held by another process of this node, open here: send it from `fd`.
-    Once closed, `fd` is -1, unless the descriptor is kept open here (then it stays open
-    at least until the event loop goes on)."""
+    """A chunk file held by another process of this node, open here: send it from `fd`,
+    then :meth:`close`. While `kept`, the descriptor stays open here after that (at least
+    until the event loop goes on); :meth:`drop` says its file is not to be read again."""
 
     fd: int
     length: int
+    kept: bool
+    warm: tuple[int, int] | None
+    """See :class:`lota.cache.store.reader.Warm`."""
 
     def close(self) -> None: ...
+
+    def drop(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

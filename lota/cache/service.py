@@ -88,14 +88,11 @@ class ChunkService:
         return self._store.chunk_path(obj, index)
 
     def read_hot(
-        self, obj: CachedObject, index: int, offset: int, count: int
-    ) -> bytes | bytearray | None:
-        """Bytes of a chunk already open and in the page cache, read without a thread."""
-        return self._store.read_hot(obj, index, offset, count)
-
-    def span_hot(self, obj: CachedObject, index: int, offset: int, count: int) -> FileSpan | None:
-        """The same bytes as :meth:`read_hot`, as a span of the chunk's open file, to send."""
-        return self._store.span_hot(obj, index, offset, count)
+        self, obj: CachedObject, index: int, offset: int, count: int, *, span: bool = False
+    ) -> bytes | bytearray | FileSpan | None:
+        """Bytes of a chunk already open and in the page cache, read without a thread (or,
+        `span`, a span of its file to send from there)."""
+        return self._store.read_hot(obj, index, offset, count, span=span)
 
     def keeps(self, obj: CachedObject, index: int) -> bool:
         """Whether a fill of this chunk would be kept now (the admission rule, which a

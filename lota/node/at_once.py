@@ -138,11 +138,13 @@ class AtOnce(Answers):
         remote: str | None,
         waited: Later | None = None,
         raw: bytes | None = None,
+        span: bool = False,
     ) -> Reply:
         """The response to `message` (head and body) to write, counted and logged; None to
         leave it to the front end; with a catalog, first a :class:`Later` (`waited` when
         it is offered again). `raw`: the bytes it came in as, when they were exactly this
-        request (it is remembered by them). Never raises."""
+        request (it is remembered by them). `span`: the body may be a span of a chunk's
+        file (the connection sends it from the page cache). Never raises."""
         if self._off or message.method != "GET" or message.version != HttpVersion11:
             return None
         if waited is not None:  # counted in flight: answered even if a drain began since
@@ -170,7 +172,7 @@ class AtOnce(Answers):
                 known = self._first(message, key)
             elif self._held(known.plan.obj.meta.bucket, known.plan.obj.meta.key):
                 return None
-            hit = None if known is None else self._hit(known.plan)
+            hit = None if known is None else self._hit(known.plan, span)
         except Exception:  # whatever it is, the front end meets it again and answers it
             return None
         if hit is None or known is None:
@@ -192,16 +194,17 @@ class AtOnce(Answers):
         except Exception:  # nothing remembered: it is answered the usual way
             return
 
-    def again(self, raw: bytes, remote: str | None) -> Response | None:
+    def again(self, raw: bytes, remote: str | None, span: bool = False) -> Response | None:
         """The response to the request that came in as the bytes `raw`, if it was answered
         here before and still holds (see the module): the response to write, counted and
-        logged; None to parse it and answer it the usual way. Never raises."""
+        logged; None to parse it and answer it the usual way. `span` as for
+        :meth:`answer`. Never raises."""
         if self._off or self._pending is not None or self._drain.draining:
             return None
         started = time.perf_counter()
         try:
             known = self._recall(raw)
-            hit = None if known is None else self._hit(known.plan)
+            hit = None if known is None else self._hit(known.plan, span)
         except Exception:  # answered the usual way, which meets it again
             return None
         if hit is None or known is None:

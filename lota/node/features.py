@@ -70,7 +70,7 @@ def _no_plan(headers: Mapping[str, str], target: Target) -> HitPlan | None:
     return None
 
 
-def _no_hit(plan: HitPlan) -> SmallHit | None:
+def _no_hit(plan: HitPlan, span: bool) -> SmallHit | None:
     return None
 
 
@@ -110,9 +110,10 @@ class CacheFeature:
     that needs no waiting (a small fresh hit); None otherwise."""
     holds: Callable[[HitPlan], bool] = _holds_not
     """Whether a plan still holds: its entry alive, fresh, and not refreshed since."""
-    hit: Callable[[HitPlan], SmallHit | None] = _no_hit
+    hit: Callable[[HitPlan, bool], SmallHit | None] = _no_hit
     """The GET a plan was made for, answered, if its bytes are at hand (None otherwise, or
-    once it no longer holds)."""
+    once it no longer holds); with True, its body may be a span of a file, to be sent
+    from the page cache at once."""
     tell_answered: Callable[[dict[str, Any]], None] = _tell_no_one
     """Tell the other workers of this node of a request remembered to be answered at once
     (:meth:`lota.node.at_once.AtOnce.heard` is what hears it there)."""

@@ -111,13 +111,15 @@ class Answers:
         remote: str | None,
         waited: Later | None,
         raw: bytes | None,
+        span: bool,
     ) -> Reply:
         """A request just parsed: answered, declined (None) or Later. Offered again after
         a Later, with it (`waited`); `raw`: the bytes it came in as, when they were
-        exactly that request."""
+        exactly that request; `span`: the connection can send a body that is a span of a
+        file (:class:`lota.zerocopy.FileSpan`) now."""
         return None
 
-    def again(self, raw: bytes, remote: str | None) -> Response | None:
+    def again(self, raw: bytes, remote: str | None, span: bool) -> Response | None:
         """A request answered again from its bytes alone, before parsing; or None."""
         return None
 
@@ -206,12 +208,17 @@ class S3RequestHandler(GuardedRequestHandler):
             return False
         if self._remote is None:
             self._remote = _remote(self.peername)
-        reply = self._again(data, self._remote)
+        reply = self._again(data, self._remote, self._can_span(transport))
         if reply is None:
             return False
-        self._write(transport, reply)
-        self._answered()
+        if self._write(transport, reply):
+            self._answered()
         return True
+
+    def _can_span(self, transport: asyncio.Transport) -> bool:
+        """Whether a body that is a span of a file can be sent on this connection now:
+        straight on its socket (not under TLS), with nothing waiting to go before it."""
+        return self._socket >= 0 and not transport.get_write_buffer_size()
 
     def _write(self, transport: asyncio.Transport, response: Response) -> bool:
         """Write a response answered here: a span of a file straight from the page cache
@@ -223,7 +230,7 @@ class S3RequestHandler(GuardedRequestHandler):
             transport.writelines((head, body))
             return True
         sent = 0
-        if self._socket >= 0 and not transport.get_write_buffer_size():
+        if self._can_span(transport):  # as when the span was asked for: nothing since
             sent = zerocopy.send(self._socket, head, body)
         if sent < len(head):
             transport.write(head[sent:])
@@ -284,7 +291,7 @@ class S3RequestHandler(GuardedRequestHandler):
                 break
             if self._remote is None:
                 self._remote = _remote(self.peername)
-            reply = self._at_once(message, self._remote, waited, raw)
+            reply = self._at_once(message, self._remote, waited, raw, self._can_span(transport))
             covered -= 1
             if covered <= 0:
                 waited = None

@@ -43,13 +43,14 @@ class OpenChunk:
     """A sibling's chunk file, open here: read it with ``os.pread``/``os.sendfile`` on `fd`,
     then :meth:`close` (the descriptor is closed once nobody uses it and it is not kept)."""
 
-    __slots__ = ("fd", "kept", "length", "users")
+    __slots__ = ("fd", "kept", "length", "users", "warm")
 
     def __init__(self, fd: int, length: int) -> None:
         self.fd = fd
         self.length = length
         self.users = 0
         self.kept = True
+        self.warm: tuple[int, int] | None = None  # see lota.cache.store.reader.Warm
 
     def use(self) -> OpenChunk:
         self.users += 1
@@ -103,8 +104,10 @@ class SiblingSource:
         chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
         kept = self._kept.get(chunk)
         if kept is not None:
-            self._kept.move_to_end(chunk)
-            return kept.use()
+            if kept.kept:
+                self._kept.move_to_end(chunk)
+                return kept.use()
+            self._forget(chunk)  # dropped: its file turned out short
         known = self._paths.get(chunk)
         if known is None:
             return None
@@ -137,7 +140,9 @@ class SiblingSource:
         if found is None:
             return None
         kept = self._kept.get(chunk)
-        if kept is not None:  # another reader had it handed over meanwhile: share that one
+        if kept is not None and not kept.kept:
+            self._forget(chunk)
+        elif kept is not None:  # another reader had it handed over meanwhile: share that one
             os.close(found[0])
             self._kept.move_to_end(chunk)
             return kept.use()
@@ -156,6 +161,11 @@ class SiblingSource:
         self._paths.move_to_end(chunk)
         while len(self._paths) > self._max_kept * PATHS_PER_DESCRIPTOR:
             self._paths.popitem(last=False)
+
+    def _forget(self, chunk: ChunkId) -> None:
+        """No longer keep `chunk`'s descriptor (dropped already: closed once unused)."""
+        opened = self._kept.pop(chunk)
+        self._kept_bytes -= opened.length
 
     def _keep(self, chunk: ChunkId, opened: OpenChunk) -> None:
         self._kept[chunk] = opened

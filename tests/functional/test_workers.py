@@ -210,6 +210,45 @@ def test_a_request_one_worker_remembers_by_its_bytes_is_told_to_the_other(
     assert news("refused") == 0
 
 
+def test_hits_pipelined_over_both_workers_come_back_whole_and_in_order(
+    node: LotaProcess, origin_s3: Any, bucket: str
+) -> None:
+    """The node as it runs (uvloop, two workers): hits answered at once, sent from the page
+    cache (each worker's own chunks and its sibling's), from bytes, or through the
+    transport where the socket is full; hundreds written before any answer is read, over
+    several connections (so both workers answer), each answer whole and in its place."""
+    objects = {f"p{i}": os.urandom(64 * 1024 - i) for i in range(6)}
+    for key, data in objects.items():
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=data)
+    urls = {key: presigned_get(node.url, bucket, key) for key in objects}
+    heads = {}
+    for key, url in urls.items():
+        parts = urllib.parse.urlsplit(url)
+        heads[key] = f"GET {parts.path}?{parts.query} HTTP/1.1\r\nhost: {parts.netloc}\r\n\r\n"
+        for _ in range(3):  # a miss, then hits: read whole from memory, then sent as spans
+            assert _read(url)[0] == xxhash.xxh3_128(objects[key]).hexdigest()
+    keys = [f"p{i % len(objects)}" for i in range(200)]
+    host = urllib.parse.urlsplit(node.url)
+
+    def pipelined(_: int) -> None:
+        with socket.create_connection((host.hostname, host.port), 10) as conn:
+            conn.sendall("".join(heads[key] for key in keys).encode())
+            time.sleep(0.3)  # the socket fills before anything is read
+            replies = conn.makefile("rb")
+            for n, key in enumerate(keys):
+                status = replies.readline()
+                assert status.startswith(b"HTTP/1.1 200"), (n, status)
+                length = -1
+                while (line := replies.readline()) != b"\r\n":
+                    name, _, value = line.decode().partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                assert replies.read(length) == objects[key], (n, key)
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(pipelined, range(6)))
+
+
 def _worker_1_late(tmp_path: Path, seconds: float) -> dict[str, str]:
     """The environment in which worker 1 sleeps `seconds` before it starts (a
     sitecustomize); worker 0 starts at once."""

@@ -3,15 +3,19 @@ head and a span written whole, or as far as the socket takes them."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from lota import zerocopy
+from lota.cache.store.reader import read_or_span, read_resident
+from lota.node.listener import S3RequestHandler
 from lota.zerocopy import FileSpan, resident
 
 SIZE = 64 * 1024
@@ -46,30 +50,90 @@ def _connected(small: bool = False) -> Iterator[tuple[socket.socket, socket.sock
         yield a, b
 
 
-def test_this_kernel_has_cachestat() -> None:
-    """CI's kernel has what the hit path relies on: if this fails, hits are copied."""
-    assert zerocopy.AVAILABLE
+def _kernel() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def test_a_kernel_with_cachestat_sends_hits_from_the_page_cache() -> None:
+    """Linux 6.5 has cachestat(2): off there only if a seccomp filter refuses it."""
+    assert zerocopy.AVAILABLE or _kernel() < (6, 5)
 
 
 def test_a_file_just_written_is_resident_and_what_lies_past_its_end_is_not(
     data_file: tuple[int, bytes],
 ) -> None:
     fd, _ = data_file
-    assert resident(fd, 0, SIZE)
-    assert resident(fd, 100, 5000)
+    held = zerocopy.AVAILABLE  # without cachestat, nothing is ever said to be held
+    assert resident(fd, 0, SIZE) == held
+    assert resident(fd, 100, 5000) == held
     assert not resident(fd, SIZE - 10, 4096 * 3)
     assert not resident(-1, 0, SIZE)
 
 
-def test_pages_the_kernel_dropped_are_not_resident(data_file: tuple[int, bytes]) -> None:
-    fd, _ = data_file
+def _drop_pages(fd: int) -> None:
+    """Have the kernel forget the file's pages (a file system that keeps its files in
+    memory, tmpfs, cannot: the test is not for it)."""
     os.fsync(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead on later reads
+    if read_resident(fd, 1, 0) is not None:
+        pytest.skip("this file system keeps its files' pages")
+
+
+def test_pages_the_kernel_dropped_are_not_resident(data_file: tuple[int, bytes]) -> None:
+    fd, _ = data_file
+    _drop_pages(fd)
     assert not resident(fd, 0, SIZE)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead
     os.pread(fd, 4096, 0)  # the first page comes back, the rest does not
-    assert resident(fd, 0, 4096)
+    assert resident(fd, 0, 4096) == zerocopy.AVAILABLE
     assert not resident(fd, 0, 8192)
+
+
+@dataclass
+class Seen:
+    warm: tuple[int, int] | None = None
+
+
+def test_a_span_is_made_only_of_bytes_read_whole_from_memory_before(
+    data_file: tuple[int, bytes],
+) -> None:
+    """cachestat counts pages still being read in from the drive as held: a span of them
+    would wait for the drive. So the first read of a range gives its bytes, and only the
+    next ones a span, while the range stays in memory."""
+    fd, data = data_file
+    seen = Seen()
+    assert read_or_span(fd, 0, 5000, seen, span=True) == data[:5000]
+    assert seen.warm == (0, 5000)
+    got = read_or_span(fd, 100, 4000, seen, span=True)
+    if zerocopy.AVAILABLE:
+        assert got == FileSpan(fd, 100, 4000)
+    else:
+        assert got == data[100:4100]
+    assert read_or_span(fd, 100, 4000, seen, span=False) == data[100:4100]
+    assert read_or_span(fd, 0, 8000, seen, span=True) == data[:8000]  # not all seen yet
+
+
+def test_pages_being_read_in_are_never_sent_as_a_span(data_file: tuple[int, bytes]) -> None:
+    """A read that found the pages gone starts reading them in (RWF_NOWAIT's read-ahead):
+    the reads after it get bytes once they are in, never a span while they come."""
+    fd, data = data_file
+    seen = Seen()
+    assert read_or_span(fd, 0, SIZE, seen, span=True) == data
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+    _drop_pages(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)  # read-ahead, as chunk reads have
+    kinds = []
+    for _ in range(10_000):
+        got = read_or_span(fd, 0, SIZE, seen, span=True)
+        assert got is None or isinstance(got, FileSpan) or got == data
+        kinds.append({None: "-", FileSpan: "span"}.get(type(got) if got else None, "bytes"))
+        if kinds[-1] == "span" or (kinds[-1] == "bytes" and not zerocopy.AVAILABLE):
+            break
+    # Nothing while the pages come in, then their bytes once, then spans.
+    assert kinds[0] == "-"
+    assert kinds[-2:] == (["bytes", "span"] if zerocopy.AVAILABLE else ["-", "bytes"])
+    assert "span" not in kinds[:-1]
 
 
 def test_send_writes_the_head_then_the_span(data_file: tuple[int, bytes]) -> None:
@@ -111,3 +175,36 @@ def test_a_span_past_the_end_of_its_file_is_short_and_says_so(
     assert span.read(100) is None
     assert shorts == [True]
     assert FileSpan(fd, 0, 100).read() == data[:100]
+
+
+async def test_a_span_never_overtakes_what_the_transport_still_holds(
+    data_file: tuple[int, bytes],
+) -> None:
+    """The listener writes a span on the socket itself only when the transport holds
+    nothing: bytes it still holds (the socket was full; the peer has read some since, and
+    the loop has not written more yet) go first, the span after them."""
+    fd, data = data_file
+    loop = asyncio.get_running_loop()
+    with _connected() as (a, b):
+        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, a)
+        blob = os.urandom(8 * 1024 * 1024)
+        transport.write(blob)
+        assert transport.get_write_buffer_size() > 0
+        b.settimeout(10)
+        first = b.recv(1 << 20)  # room in the socket again, the loop not run since
+        handler = S3RequestHandler.__new__(S3RequestHandler)
+        handler._socket = a.fileno()
+        assert handler._write(transport, (b"HEAD", FileSpan(fd, 0, SIZE)))
+        expected = blob + b"HEAD" + data
+        got = first + await asyncio.to_thread(_read_exactly, b, len(expected) - len(first))
+        transport.close()
+    assert got == expected
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    got = bytearray()
+    while len(got) < count:
+        piece = sock.recv(1 << 20)
+        assert piece, "connection closed"
+        got += piece
+    return bytes(got)

@@ -55,7 +55,13 @@ from lota.cache.store.entries import CachedObject, ObjectMeta, Watcher
 from lota.cache.store.errors import CacheDirInUse, CacheError, CacheWriteError
 from lota.cache.store.facade import COUNTERS, CacheStore
 from lota.cache.store.fdcache import open_chunk_limit
-from lota.cache.store.reader import VERIFY_POLICIES, ChunkReader, VerifyPolicy, read_resident
+from lota.cache.store.reader import (
+    VERIFY_POLICIES,
+    ChunkReader,
+    VerifyPolicy,
+    read_or_span,
+    read_resident,
+)
 from lota.cache.store.writer import ChunkWriter
 
 __all__ = [
@@ -72,5 +78,6 @@ __all__ = [
     "VerifyPolicy",
     "Watcher",
     "open_chunk_limit",
+    "read_or_span",
     "read_resident",
 ]

@@ -80,6 +80,7 @@ class Chunk:
         "obj",
         "readers",
         "verified",
+        "warm",
     )
 
     def __init__(self, obj: CachedObject, index: int, dir_no: int, length: int, digest: int):
@@ -94,6 +95,9 @@ class Chunk:
         self.verified = False  # digest checked (or written) by this process
         self.checked = False  # file seen with the right length by this process
         self.last_access = 0.0
+        # Bytes [start, end) of the file last read whole from memory through `fd`
+        # (lota.cache.store.reader.read_or_span); None once they were not.
+        self.warm: tuple[int, int] | None = None
 
 
 def chunk_id(obj: CachedObject, index: int) -> int:

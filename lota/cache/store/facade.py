@@ -365,22 +365,17 @@ class CacheStore:
     # Chunks
 
     def read_hot(
-        self, obj: CachedObject, index: int, offset: int, count: int
-    ) -> bytes | bytearray | None:
+        self, obj: CachedObject, index: int, offset: int, count: int, *, span: bool = False
+    ) -> bytes | bytearray | FileSpan | None:
         """`count` bytes at `offset` of chunk `index` if it is hot (read since start-up,
         checked, its descriptor still open) and the bytes are in the page cache, read at
-        once without blocking; else None, and :meth:`open_chunk` is the way. Nothing can
-        close the descriptor meanwhile: that only happens on the event loop, which this
-        call holds."""
+        once without blocking; else None, and :meth:`open_chunk` is the way. `span`: as a
+        span of the chunk's file, to be sent from the page cache at once
+        (:mod:`lota.zerocopy`), once they were read so before
+        (:func:`lota.cache.store.reader.read_or_span`). Nothing can close the descriptor
+        meanwhile: that only happens on the event loop, which this call holds."""
         chunk = obj.chunks.get(index) if obj.alive and self._ready else None
-        return None if chunk is None else self._readers.read_hot(chunk, offset, count)
-
-    def span_hot(self, obj: CachedObject, index: int, offset: int, count: int) -> FileSpan | None:
-        """Like :meth:`read_hot`, the bytes as a span of the chunk's open file, to be sent
-        from the page cache at once (:mod:`lota.zerocopy`); None where :meth:`read_hot`
-        would be, and where the kernel cannot tell that the bytes are resident."""
-        chunk = obj.chunks.get(index) if obj.alive and self._ready else None
-        return None if chunk is None else self._readers.span_hot(chunk, offset, count)
+        return None if chunk is None else self._readers.read_hot(chunk, offset, count, span=span)
 
     async def open_chunk(self, obj: CachedObject, index: int) -> ChunkReader | None:
         """Open chunk `index` for reading, verified as the policy says; None if absent or

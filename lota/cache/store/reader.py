@@ -14,7 +14,7 @@ import os
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
-from typing import Literal
+from typing import Literal, Protocol
 
 from lota.cache.files import ChunkDamaged, ChunkFiles
 from lota.cache.store.entries import CachedObject, Chunk
@@ -45,6 +45,40 @@ def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
     except OSError:  # EAGAIN: not resident; EOPNOTSUPP: not on this file system; EIO...
         return None
     return data if got == count else None
+
+
+class Warm(Protocol):
+    """An open file whose bytes [start, end) were last read whole from memory
+    (:func:`read_or_span`): `warm`, None once they were not."""
+
+    warm: tuple[int, int] | None
+
+
+def read_or_span(
+    fd: int,
+    offset: int,
+    count: int,
+    seen: Warm,
+    *,
+    span: bool,
+    short: Callable[[], object] | None = None,
+) -> bytes | bytearray | FileSpan | None:
+    """`count` bytes at `offset` of file `fd` if the page cache holds them all, without
+    blocking: as a span of the file to send from there (`span`), or read (as
+    :func:`read_resident`); None when any are not in memory.
+
+    A span is made only for bytes read whole from memory before (`seen`): the page cache
+    counts pages still being read in as held (cachestat), and sending those would wait
+    for the drive. Bytes read so are remembered in `seen`, until they are found missing.
+    `short`: called when a span turns out longer than the file (see :class:`FileSpan`)."""
+    warm = seen.warm
+    if span and warm is not None and warm[0] <= offset and offset + count <= warm[1]:
+        if resident(fd, offset, count):
+            return FileSpan(fd, offset, count, short)
+        seen.warm = None
+    data = read_resident(fd, count, offset)
+    seen.warm = None if data is None else (offset, offset + count)
+    return data
 
 
 class ChunkReader:
@@ -97,25 +131,20 @@ class Readers:
         self._counts = counts
         self._verifying: dict[Chunk, asyncio.Future[None]] = {}
 
-    def read_hot(self, chunk: Chunk, offset: int, count: int) -> bytes | bytearray | None:
+    def read_hot(
+        self, chunk: Chunk, offset: int, count: int, *, span: bool = False
+    ) -> bytes | bytearray | FileSpan | None:
         """See :meth:`lota.cache.store.CacheStore.read_hot`."""
         if not self._hot(chunk):
             return None
-        data = read_resident(chunk.fd, count, offset)
-        if data is None:
+        dropped = partial(self.drop_unreadable, chunk.obj, chunk.index) if span else None
+        found = read_or_span(chunk.fd, offset, count, chunk, span=span, short=dropped)
+        if found is None:
             if os.fstat(chunk.fd).st_size < chunk.length:  # cut short: never serve it
                 self.drop_unreadable(chunk.obj, chunk.index)
             return None
         self._used(chunk)
-        return data
-
-    def span_hot(self, chunk: Chunk, offset: int, count: int) -> FileSpan | None:
-        """See :meth:`lota.cache.store.CacheStore.span_hot`."""
-        if not self._hot(chunk) or not resident(chunk.fd, offset, count):
-            return None
-        self._used(chunk)
-        dropped = partial(self.drop_unreadable, chunk.obj, chunk.index)
-        return FileSpan(chunk.fd, offset, count, dropped)
+        return found
 
     def _hot(self, chunk: Chunk) -> bool:
         """Whether `chunk` is read here without a thread: checked, its descriptor open."""
