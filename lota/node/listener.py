@@ -7,14 +7,15 @@ middlewares) is a measured choice: it keeps the hit path's per-request work smal
 :class:`lota.http.BodyWriter`.
 
 Answered at once: a request without a body that arrives while its connection has nothing
-else in hand is first offered to the server's `answers` (:class:`lota.node.at_once.AtOnce`:
-a small cache hit), which answers it there and then, as the parser hands it over: its
-head, then its body sent from the page cache (:mod:`lota.zerocopy`) when nothing waits to
-be written before it, else written through the transport; aiohttp's task, request and
-response objects cost more than the hit itself (``python -m bench.nginx``). Whatever `at_once`
-declines, and everything after it on that connection, goes the usual way, in order.
-`at_once` may also answer :class:`Later`: the request stays first in the queue, aiohttp's
-task asleep, until the Later's future is done; then it is offered again.
+else in hand is first offered to `at_once`, the server's answers
+(:class:`lota.node.at_once.AtOnce`: a small cache hit), which answers it there and then,
+as the parser hands it over: its head, then its body sent from the page cache
+(:mod:`lota.zerocopy`) when nothing waits to be written before it, else written through
+the transport; aiohttp's task, request and response objects cost more than the hit
+itself (``python -m bench.nginx``). Whatever `at_once` declines, and everything after it
+on that connection, goes the usual way, in order. `at_once` may also answer
+:class:`Later`: the request stays first in the queue, aiohttp's task asleep, until the
+Later's future is done; then it is offered again.
 
 Answered again: bytes that arrive as one whole request head (the parser between two
 requests before and after them) are offered to `at_once` with the request, as `raw`; bytes
