@@ -79,6 +79,10 @@ class AccessLog:
         self._second = -1
         self._stamp = ""
 
+    def enabled(self) -> bool:
+        """Whether lines are written (a caller may skip making one)."""
+        return self._logger.isEnabledFor(logging.INFO)
+
     def write(
         self,
         remote: str | None,
@@ -97,7 +101,7 @@ class AccessLog:
     ) -> None:
         """One line: `sent` and `received` are body bytes; `cache` the x-lota-cache header;
         `error` the S3 error code LOTA answered with, if any. Status 0: nothing was sent."""
-        if not self._logger.isEnabledFor(logging.INFO):
+        if not self.enabled():
             return
         if "?" in path:
             path = redacted(path)

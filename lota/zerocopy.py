@@ -69,7 +69,7 @@ def _probe() -> bool:
 AVAILABLE = _probe()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FileSpan:
     """`count` bytes at `offset` of the open file `fd`, which the page cache held when the
     span was made (:func:`resident`). The descriptor is not this object's: it stays open

@@ -146,7 +146,6 @@ class Deliverer:
         obj: CachedObject,
         first: int,
         last: int,
-        *,
         span: bool = False,
     ) -> bytes | bytearray | FileSpan | None:
         """Like :meth:`read_cached`, without waiting: the bytes if every chunk is open here
@@ -155,29 +154,36 @@ class Deliverer:
         still find them). `span`: within one chunk, as a span of its file, to be sent from
         the page cache at once (:func:`lota.cache.store.reader.read_or_span`)."""
         size = last - first + 1
-        parts = list(pieces(first, last, self.chunk_size))
-        span = span and len(parts) == 1
+        index, lo = divmod(first, self.chunk_size)
+        if lo + size <= self.chunk_size:  # within one chunk: every small hit but a few
+            got = self._read_now(placement, obj, index, lo, size, span)
+            if got is not None:
+                self._sent_hit.n += size
+            return got
         found = []
-        for index, lo, hi in parts:
-            got = self.cache.read_hot(obj, index, lo, hi - lo, span=span)
-            if got is None:
-                opened = placement.kept_elsewhere(obj, index)
-                if opened is None:
-                    return None
-                try:  # a span of it only while its descriptor stays open here
-                    spans = span and opened.kept
-                    got = read_or_span(
-                        opened.fd, lo, hi - lo, opened, span=spans, short=opened.drop
-                    )
-                finally:
-                    opened.close()
+        for index, lo, hi in pieces(first, last, self.chunk_size):
+            got = self._read_now(placement, obj, index, lo, hi - lo, False)
             if got is None:
                 return None
-            if isinstance(got, FileSpan):
-                self._sent_hit.n += size
-                return got
+            assert not isinstance(got, FileSpan)
             found.append(got)
         return self._hit(found, size)
+
+    def _read_now(
+        self, placement: Placement, obj: CachedObject, index: int, lo: int, count: int, span: bool
+    ) -> bytes | bytearray | FileSpan | None:
+        """`count` bytes at `lo` of chunk `index`, as :meth:`read_now` reads them."""
+        got = self.cache.read_hot(obj, index, lo, count, span)
+        if got is not None:
+            return got
+        opened = placement.kept_elsewhere(obj, index)
+        if opened is None:
+            return None
+        try:  # a span of it only while its descriptor stays open here
+            spans = span and opened.kept
+            return read_or_span(opened.fd, lo, count, opened, span=spans, short=opened.drop)
+        finally:
+            opened.close()
 
     def _hit(self, found: list[bytes | bytearray], size: int) -> bytes | bytearray:
         self._sent_hit.n += size

@@ -74,23 +74,6 @@ class HitPlan:
     fresh_until: float
 
 
-@dataclass(frozen=True, slots=True)
-class SmallHit:
-    """A GET answered at once (:meth:`ReadPath.hit`): how, and the body."""
-
-    plan: HitPlan
-    body: bytes | bytearray | FileSpan
-    """The bytes, or where the page cache holds them (sent from there at once)."""
-
-    @property
-    def status(self) -> int:
-        return self.plan.status
-
-    @property
-    def headers(self) -> list[tuple[str, str]]:
-        return self.plan.headers
-
-
 class ReadPath:
     """Answers cacheable GET and HEAD requests."""
 
@@ -164,22 +147,22 @@ class ReadPath:
         obj = planned.obj
         return obj.alive and obj.meta is planned.meta and self._clock.time() <= planned.fresh_until
 
-    def hit(self, planned: HitPlan, span: bool = False) -> SmallHit | None:
-        """The GET `planned` was made for, answered (the first time or again, from the same
-        client or another), when every byte of it is in the page cache behind a descriptor
-        open here (:meth:`Deliverer.read_now`); None once it no longer :meth:`holds`, or
-        while its bytes are not at hand. `span`: its body may be a span of a chunk's file,
-        to be sent from the page cache at once (when the connection can take it so)."""
+    def hit(self, planned: HitPlan, span: bool = False) -> bytes | bytearray | FileSpan | None:
+        """The body of the GET `planned` was made for (the first time or again, from the
+        same client or another), when every byte of it is in the page cache behind a
+        descriptor open here (:meth:`Deliverer.read_now`); None once it no longer
+        :meth:`holds`, or while its bytes are not at hand. `span`: it may be a span of a
+        chunk's file, to be sent from the page cache at once (when the connection can take
+        it so). This runs for every small hit: :meth:`holds` is written out here."""
         obj = planned.obj
-        if not self.holds(planned):
+        meta = obj.meta
+        if not obj.alive or meta is not planned.meta or self._clock.time() > planned.fresh_until:
             return None
-        body = self.deliverer.read_now(
-            planned.placement, obj, planned.first, planned.last, span=span
-        )
-        if body is None:
-            return None
-        self._read_ahead(planned.placement, obj, planned.first, planned.last)
-        return SmallHit(planned, body)
+        first, last = planned.first, planned.last
+        body = self.deliverer.read_now(planned.placement, obj, first, last, span)
+        if body is not None and (first or last + 1 < meta.size):  # whole: nothing ahead
+            self._read_ahead(planned.placement, obj, first, last)
+        return body
 
     async def serve_version(
         self, request: web.BaseRequest, target: Target, source: ChunkSource, etag: str

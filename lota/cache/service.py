@@ -19,7 +19,6 @@ from lota.cache.intake import Intake, start_intake
 from lota.cache.plan import chunk_span
 from lota.cache.source import ByteSource, ChunkSource
 from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta, Watcher
-from lota.zerocopy import FileSpan
 
 
 class ChunkService:
@@ -28,6 +27,9 @@ class ChunkService:
     def __init__(self, store: CacheStore, filler: Filler) -> None:
         self._store = store
         self._filler = filler
+        # Bytes of a chunk already open and in the page cache, read without a thread (or
+        # a span of its file to send from there): the store's own, called for every hit.
+        self.read_hot = store.read_hot
         self.chunk_size = filler.chunk_size
         self.fill_concurrency = filler.concurrency
 
@@ -86,13 +88,6 @@ class ChunkService:
     def chunk_path(self, obj: CachedObject, index: int) -> str:
         """The file of cached chunk `index` of `obj`."""
         return self._store.chunk_path(obj, index)
-
-    def read_hot(
-        self, obj: CachedObject, index: int, offset: int, count: int, *, span: bool = False
-    ) -> bytes | bytearray | FileSpan | None:
-        """Bytes of a chunk already open and in the page cache, read without a thread (or,
-        `span`, a span of its file to send from there)."""
-        return self._store.read_hot(obj, index, offset, count, span=span)
 
     def keeps(self, obj: CachedObject, index: int) -> bool:
         """Whether a fill of this chunk would be kept now (the admission rule, which a

@@ -48,7 +48,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from lota.aiohttp_internals import http_date
 from lota.auth import Authenticator, Window, window
 from lota.auth.sigv4 import RequestView
-from lota.cache.reads import HitPlan, SmallHit
+from lota.cache.reads import HitPlan
 from lota.logs import AccessLog
 from lota.lru import SizedLru
 from lota.metrics import Metrics
@@ -58,6 +58,7 @@ from lota.node.node import Drain
 from lota.node.requests import next_request_id
 from lota.s3.addressing import Target, is_admin, parse_target
 from lota.s3.operations import Op
+from lota.zerocopy import FileSpan
 
 # What aiohttp refuses in a header (it could split the head): control characters but tab.
 _FORBIDDEN_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -172,12 +173,12 @@ class AtOnce(Answers):
                 known = self._first(message, key)
             elif self._held(known.plan.obj.meta.bucket, known.plan.obj.meta.key):
                 return None
-            hit = None if known is None else self._hit(known.plan, span)
+            body = None if known is None else self._hit(known.plan, span)
         except Exception:  # whatever it is, the front end meets it again and answers it
             return None
-        if hit is None or known is None:
+        if body is None or known is None:
             return None
-        return self._send(hit, known, remote, started)
+        return self._send(body, known, remote, started)
 
     def learn(self, message: RawRequestMessage, raw: bytes | None) -> None:
         """Remember `message`, a GET the front end has just answered (a miss, filled), as
@@ -202,14 +203,18 @@ class AtOnce(Answers):
         if self._off or self._pending is not None or self._drain.draining:
             return None
         started = time.perf_counter()
+        # As _recall, but a plan that no longer holds is left for answer() to forget: the
+        # hit says None for it, and this runs for every request answered again.
+        known = self._remembered.get(raw)
+        if known is None or not self._auth.holds(known.valid):
+            return None
         try:
-            known = self._recall(raw)
-            hit = None if known is None else self._hit(known.plan, span)
+            body = self._hit(known.plan, span)
         except Exception:  # answered the usual way, which meets it again
             return None
-        if hit is None or known is None:
+        if body is None:
             return None
-        return self._send(hit, known, remote, started)
+        return self._send(body, known, remote, started)
 
     def _recall(self, key: RequestKey) -> Remembered | None:
         """The request remembered as `key`, while its verdict and its plan hold (once
@@ -313,39 +318,41 @@ class AtOnce(Answers):
 
     def _send(
         self,
-        hit: SmallHit,
+        body: bytes | bytearray | FileSpan,
         known: Remembered,
         remote: str | None,
         started: float,
     ) -> Response:
-        """Count and log `hit` as the front end would, and give its response."""
+        """Count and log the answer to `known` as the front end would, and give it."""
         date = http_date()
         if date != self._date:
             self._date = date
             self._tail = f"Date: {date}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n".encode()
-        size = hit.plan.last - hit.plan.first + 1
+        plan = known.plan
+        size = plan.last - plan.first + 1
         elapsed = time.perf_counter() - started
         self._bytes_out.n += size
-        self._counts[hit.status].n += 1
+        self._counts[plan.status].n += 1
         self._seconds.observe(elapsed)
         self._cached.n += 1
         self._cached_seconds.observe(elapsed)
         if self._access is not None:  # a read served (200 or 206), for tiering
-            meta = hit.plan.obj.meta
+            meta = plan.obj.meta
             self._access.record(meta.bucket, meta.key)
-        self._access_log.write(
-            remote,
-            "GET",
-            known.path,
-            hit.status,
-            Op.GET_OBJECT,
-            elapsed,
-            next_request_id(),
-            cache="HIT",
-            sent=size,
-            principal=known.principal,
-        )
-        return known.head + self._tail, hit.body
+        if self._access_log.enabled():
+            self._access_log.write(
+                remote,
+                "GET",
+                known.path,
+                plan.status,
+                Op.GET_OBJECT,
+                elapsed,
+                next_request_id(),
+                cache="HIT",
+                sent=size,
+                principal=known.principal,
+            )
+        return known.head + self._tail, body
 
 
 def _response_head(plan: HitPlan) -> bytes | None:

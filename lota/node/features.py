@@ -21,7 +21,7 @@ from aiohttp import web
 
 from lota.auth.body import BodyDecoder
 from lota.cache.intake import WriteCache
-from lota.cache.reads import HitPlan, SmallHit
+from lota.cache.reads import HitPlan
 from lota.cache.warm import Warm
 from lota.catalog import PendingSummary
 from lota.errors import CatalogError
@@ -29,6 +29,7 @@ from lota.s3.addressing import Target
 from lota.s3.errors import S3Error
 from lota.s3.operations import Operation
 from lota.s3.xml import DeleteRequest
+from lota.zerocopy import FileSpan
 
 # (bucket, prefix, may_read(key), concurrency): one warm run, not yet started.
 WarmFactory = Callable[[str, str, Callable[[str], bool], int], Warm]
@@ -70,7 +71,7 @@ def _no_plan(headers: Mapping[str, str], target: Target) -> HitPlan | None:
     return None
 
 
-def _no_hit(plan: HitPlan, span: bool) -> SmallHit | None:
+def _no_hit(plan: HitPlan, span: bool) -> bytes | bytearray | FileSpan | None:
     return None
 
 
@@ -110,10 +111,10 @@ class CacheFeature:
     that needs no waiting (a small fresh hit); None otherwise."""
     holds: Callable[[HitPlan], bool] = _holds_not
     """Whether a plan still holds: its entry alive, fresh, and not refreshed since."""
-    hit: Callable[[HitPlan, bool], SmallHit | None] = _no_hit
-    """The GET a plan was made for, answered, if its bytes are at hand (None otherwise, or
-    once it no longer holds); with True, its body may be a span of a file, to be sent
-    from the page cache at once."""
+    hit: Callable[[HitPlan, bool], bytes | bytearray | FileSpan | None] = _no_hit
+    """The body of the GET a plan was made for, if its bytes are at hand (None otherwise,
+    or once it no longer holds); with True, it may be a span of a file, to be sent from
+    the page cache at once."""
     tell_answered: Callable[[dict[str, Any]], None] = _tell_no_one
     """Tell the other workers of this node of a request remembered to be answered at once
     (:meth:`lota.node.at_once.AtOnce.heard` is what hears it there)."""

@@ -365,7 +365,7 @@ class CacheStore:
     # Chunks
 
     def read_hot(
-        self, obj: CachedObject, index: int, offset: int, count: int, *, span: bool = False
+        self, obj: CachedObject, index: int, offset: int, count: int, span: bool = False
     ) -> bytes | bytearray | FileSpan | None:
         """`count` bytes at `offset` of chunk `index` if it is hot (read since start-up,
         checked, its descriptor still open) and the bytes are in the page cache, read at
@@ -375,7 +375,7 @@ class CacheStore:
         (:func:`lota.cache.store.reader.read_or_span`). Nothing can close the descriptor
         meanwhile: that only happens on the event loop, which this call holds."""
         chunk = obj.chunks.get(index) if obj.alive and self._ready else None
-        return None if chunk is None else self._readers.read_hot(chunk, offset, count, span=span)
+        return None if chunk is None else self._readers.read_hot(chunk, offset, count, span)
 
     async def open_chunk(self, obj: CachedObject, index: int) -> ChunkReader | None:
         """Open chunk `index` for reading, verified as the policy says; None if absent or

@@ -132,7 +132,7 @@ class Readers:
         self._verifying: dict[Chunk, asyncio.Future[None]] = {}
 
     def read_hot(
-        self, chunk: Chunk, offset: int, count: int, *, span: bool = False
+        self, chunk: Chunk, offset: int, count: int, span: bool = False
     ) -> bytes | bytearray | FileSpan | None:
         """See :meth:`lota.cache.store.CacheStore.read_hot`."""
         if not self._hot(chunk):
@@ -143,7 +143,8 @@ class Readers:
             if os.fstat(chunk.fd).st_size < chunk.length:  # cut short: never serve it
                 self.drop_unreadable(chunk.obj, chunk.index)
             return None
-        self._used(chunk)
+        self._fds.used(chunk)
+        self._touch(chunk)
         return found
 
     def _hot(self, chunk: Chunk) -> bool:
@@ -151,10 +152,6 @@ class Readers:
         if self._digest_to_check(chunk) is not None:
             return False
         return chunk.fd >= 0 or self._reopen(chunk)
-
-    def _used(self, chunk: Chunk) -> None:
-        self._fds.used(chunk)
-        self._touch(chunk)
 
     def _reopen(self, chunk: Chunk) -> bool:
         """Open again, here on the loop, a chunk opened and checked since start-up whose
