@@ -125,4 +125,10 @@ def worker_of(key: bytes, workers: int) -> int:
     worker's number), so going from N to N+1 workers moves 1/(N+1) of the chunks."""
     if workers <= 1:
         return 0
-    return max(range(workers), key=lambda w: xxhash.xxh64_intdigest(key, seed=_WORKER_SEED + w))
+    # Written out (not max() with a key): this runs for every hit on another worker's chunk.
+    owner = top = 0
+    for worker in range(workers):
+        mark = xxhash.xxh64_intdigest(key, _WORKER_SEED + worker)
+        if mark > top:
+            owner, top = worker, mark
+    return owner

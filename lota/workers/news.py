@@ -148,7 +148,8 @@ class News:
         path = str(item["path"])
         if sibling is None or os.path.normpath(path) != path or not path.startswith(self._roots):
             return "refused"
-        sibling.remember((str(bucket), str(key), str(etag), int(index)), path, int(item["length"]))
+        chunk = (str(bucket), str(key), str(etag), int(index))
+        sibling.remember(chunk, path, int(item["length"]), written=True)
         return "heard"
 
 

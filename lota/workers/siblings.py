@@ -37,6 +37,8 @@ KEPT_BYTES = 512 * 1024 * 1024
 PATHS_PER_DESCRIPTOR = 4
 
 ChunkId = tuple[str, str, str, int]
+# Bytes [start, end) of a file last read whole from memory (lota.cache.store.reader.Warm).
+Warmth = tuple[int, int] | None
 
 
 class OpenChunk:
@@ -45,12 +47,12 @@ class OpenChunk:
 
     __slots__ = ("fd", "kept", "length", "users", "warm")
 
-    def __init__(self, fd: int, length: int) -> None:
+    def __init__(self, fd: int, length: int, warm: Warmth = None) -> None:
         self.fd = fd
         self.length = length
         self.users = 0
         self.kept = True
-        self.warm: tuple[int, int] | None = None  # see lota.cache.store.reader.Warm
+        self.warm = warm  # see lota.cache.store.reader.Warm
 
     def use(self) -> OpenChunk:
         self.users += 1
@@ -85,7 +87,10 @@ class SiblingSource:
         self._fds = fds
         self._kept: OrderedDict[ChunkId, OpenChunk] = OrderedDict()
         self._kept_bytes = 0
-        self._paths: OrderedDict[ChunkId, tuple[str, int]] = OrderedDict()
+        # Where the sibling keeps each chunk: its file, its length, and the bytes of it
+        # last read whole from memory (see lota.cache.store.reader.Warm), which outlive
+        # the descriptor they were read through.
+        self._paths: OrderedDict[ChunkId, tuple[str, int, Warmth]] = OrderedDict()
 
     @asynccontextmanager
     async def get(
@@ -111,7 +116,7 @@ class SiblingSource:
         known = self._paths.get(chunk)
         if known is None:
             return None
-        path, length = known
+        path, length, warm = known
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -121,7 +126,7 @@ class SiblingSource:
             os.close(fd)
             del self._paths[chunk]
             return None
-        opened = OpenChunk(fd, length).use()
+        opened = OpenChunk(fd, length, warm).use()
         self._keep(chunk, opened)
         return opened
 
@@ -147,17 +152,26 @@ class SiblingSource:
             self._kept.move_to_end(chunk)
             return kept.use()
         fd, length, path = found
-        opened = OpenChunk(fd, length).use()  # in use before it is kept: never closed under us
+        known = self._paths.get(chunk)
+        warm = known[2] if known is not None and known[0] == path else None
+        opened = OpenChunk(fd, length, warm).use()  # in use before kept: never closed under us
         self._keep(chunk, opened)
         self.remember(chunk, path, length)
         return opened
 
-    def remember(self, chunk: ChunkId, path: str, length: int) -> None:
+    def remember(self, chunk: ChunkId, path: str, length: int, *, written: bool = False) -> None:
         """The sibling holds `chunk` in file `path`, `length` bytes long (it handed the
-        chunk over, or said so: :mod:`lota.workers.news`): opened here when read."""
+        chunk over, or said so: :mod:`lota.workers.news`): opened here when read.
+        `written`: the sibling has just written it (so its pages are in memory, as
+        :class:`lota.cache.store.reader.Warm` asks), unless this worker knew better."""
         if not path.startswith("/"):
             return
-        self._paths[chunk] = (path, length)
+        known = self._paths.get(chunk)
+        if known is not None and known[:2] == (path, length):
+            warm = known[2]
+        else:
+            warm = (0, length) if written else None
+        self._paths[chunk] = (path, length, warm)
         self._paths.move_to_end(chunk)
         while len(self._paths) > self._max_kept * PATHS_PER_DESCRIPTOR:
             self._paths.popitem(last=False)
@@ -171,9 +185,12 @@ class SiblingSource:
         self._kept[chunk] = opened
         self._kept_bytes += opened.length
         while self._kept and (len(self._kept) > self._max_kept or self._kept_bytes > KEPT_BYTES):
-            _, old = self._kept.popitem(last=False)
+            key, old = self._kept.popitem(last=False)
             self._kept_bytes -= old.length
             old.drop()
+            known = self._paths.get(key)
+            if known is not None:  # what was read of it stays known (see _paths)
+                self._paths[key] = (known[0], known[1], old.warm)
 
     def close(self) -> None:
         for opened in self._kept.values():

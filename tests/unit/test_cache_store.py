@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from lota import zerocopy
 from lota.cache.files import LOCK_NAME, ChunkFiles
 from lota.cache.layout import (
     blocks,
@@ -38,6 +39,7 @@ from lota.cache.store import (
     fdcache,
 )
 from lota.clock import FakeClock
+from lota.zerocopy import FileSpan
 
 CS = 64 * 1024
 MiB = 1024 * 1024
@@ -508,6 +510,28 @@ async def test_checked_chunks_beyond_the_kept_descriptors_are_reopened_inline(
     assert again.read_hot(restarted, 1, 0, 10) is None  # not opened since start-up
     assert await read(again, restarted, 1) == content(obj.meta, 1)
     assert again.read_hot(restarted, 1, 0, 10) == content(obj.meta, 1)[:10]
+
+
+async def test_a_chunk_is_sent_from_the_page_cache_from_its_first_hit_and_after_a_reopen(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A span is made only of bytes known to be in memory (lota.cache.store.reader.Warm):
+    a fill's are, it has just written them; and what is known is the file's, not one
+    descriptor's, so a hot set larger than the descriptors kept is still sent from the
+    page cache, each chunk reopened for its hit."""
+    monkeypatch.setattr(fdcache, "open_chunk_limit", lambda: 1)
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    for _ in range(2):
+        for index in range(3):
+            got = store.read_hot(obj, index, 5, 50, True)
+            want = content(obj.meta, index)[5:55]
+            if zerocopy.AVAILABLE:
+                assert isinstance(got, FileSpan) and got.read() == want
+            else:
+                assert got == want
+    assert store.stats()["hits"] == 6
 
 
 async def test_an_open_of_a_checked_chunk_beyond_the_kept_descriptors_stays_on_the_loop(

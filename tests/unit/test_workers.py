@@ -299,6 +299,42 @@ async def test_a_sibling_s_chunks_are_kept_open_or_reopened_from_their_path(
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+async def test_what_is_known_in_memory_of_a_sibling_s_chunk_outlives_its_descriptor(
+    tmp_path: Path,
+) -> None:
+    """A chunk a sibling has just written is in memory (lota.cache.store.reader.Warm):
+    sent from the page cache from its first hit here. What a read learns of it stays
+    known when its descriptor is closed (more chunks than are kept) and it is reopened
+    from its path; a new file for the chunk starts unknown."""
+    for i in range(3):
+        (tmp_path / f"k{i}").write_bytes(bytes([i]) * 100)
+    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 1)  # type: ignore[arg-type]
+    metas = [SimpleNamespace(bucket="b", key=f"k{i}", etag='"e"') for i in range(3)]
+    ids = [(m.bucket, m.key, m.etag, 0) for m in metas]
+    source.remember(ids[0], str(tmp_path / "k0"), 100, written=True)
+    source.remember(ids[1], str(tmp_path / "k1"), 100)
+    warm = []
+    for meta in metas[:2]:
+        opened = source.kept(meta, 0)  # type: ignore[arg-type]
+        assert opened is not None
+        warm.append(opened.warm)
+        opened.warm = (0, 50)  # as a read of its first 50 bytes leaves it
+        opened.close()
+    assert warm == [(0, 100), None]
+    again = source.kept(metas[0], 0)  # type: ignore[arg-type]  # k1's closed, k0 reopened
+    assert again is not None and again.warm == (0, 50)
+    again.close()
+    source.remember(ids[1], str(tmp_path / "k1"), 100, written=True)  # known: stays so
+    one = source.kept(metas[1], 0)  # type: ignore[arg-type]  # k0's closed
+    assert one is not None and one.warm == (0, 50)
+    one.close()
+    source.remember(ids[0], str(tmp_path / "k2"), 100)  # filled again, in another file
+    other = source.kept(metas[0], 0)  # type: ignore[arg-type]
+    assert other is not None and other.warm is None and os.pread(other.fd, 1, 0) == b"\x02"
+    other.close()
+    source.close()
+
+
 def test_a_sibling_is_a_worker_of_this_node_never_a_host_named_like_one() -> None:
     assert is_sibling(worker_name(0)) and is_sibling(worker_name(12))
     for member in ("worker-12.gpu.internal:7070", "worker-3:9000", "10.0.0.5:9000", "worker-"):

@@ -95,8 +95,9 @@ class Chunk:
         self.verified = False  # digest checked (or written) by this process
         self.checked = False  # file seen with the right length by this process
         self.last_access = 0.0
-        # Bytes [start, end) of the file last read whole from memory through `fd`
-        # (lota.cache.store.reader.read_or_span); None once they were not.
+        # Bytes [start, end) of the file last read whole from memory (through whichever
+        # descriptor was open then: lota.cache.store.reader.read_or_span); None once they
+        # were not.
         self.warm: tuple[int, int] | None = None
 
 

@@ -48,7 +48,6 @@ class FdCache:
 
     def close(self, chunk: Chunk) -> None:
         self._open.pop(chunk, None)
-        chunk.warm = None  # unwatched while closed (see reader.read_or_span)
         if chunk.fd >= 0:
             fd, chunk.fd = chunk.fd, -1
             os.close(fd)

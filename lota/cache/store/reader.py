@@ -48,8 +48,12 @@ def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
 
 
 class Warm(Protocol):
-    """An open file whose bytes [start, end) were last read whole from memory
-    (:func:`read_or_span`): `warm`, None once they were not."""
+    """A file whose bytes [start, end) were last read whole from memory
+    (:func:`read_or_span`), or written by a fill: `warm`, None once a read did not find
+    them all in memory. It outlives the descriptor
+    they were read through: the page cache is the file's, whatever opens it, and
+    closing a descriptor evicts nothing (a file reopened for each hit, in a hot set
+    larger than the descriptors kept, is still sent from the page cache)."""
 
     warm: tuple[int, int] | None
 
@@ -67,9 +71,10 @@ def read_or_span(
     blocking: as a span of the file to send from there (`span`), or read (as
     :func:`read_resident`); None when any are not in memory.
 
-    A span is made only for bytes read whole from memory before (`seen`): the page cache
-    counts pages still being read in as held (cachestat), and sending those would wait
-    for the drive. Bytes read so are remembered in `seen`, until they are found missing.
+    A span is made only for bytes read whole from memory before, or written by a fill
+    (`seen`): the page cache counts pages still being read in as held (cachestat), and
+    sending those would wait for the drive. Bytes read so are remembered in `seen`, until
+    they are found missing.
     `short`: called when a span turns out longer than the file (see :class:`FileSpan`)."""
     warm = seen.warm
     if span and warm is not None and warm[0] <= offset and offset + count <= warm[1]:

@@ -280,6 +280,7 @@ class Fills:
         chunk = Chunk(obj, writer.index, writer.dir, writer.length, digest)
         chunk.verified = chunk.checked = True
         chunk.last_access = self._clock.time()
+        chunk.warm = (0, chunk.length)  # just written: its pages are in memory, up to date
         self.release(writer)
         self._table.add(chunk)
         self.counts["fills"] += 1
