@@ -4,8 +4,9 @@ measured against.
 `--workers` forked processes share one port (``SO_REUSEPORT``). Each answers a request
 line and headers it has seen before from a dict keyed by their bytes (the response head,
 the file), with the system calls a LOTA hit makes: ``cachestat(2)``, the head sent with
-``MSG_MORE``, the body with ``sendfile(2)`` (:mod:`lota.zerocopy`); a file is kept open
-while fewer than `--keep` are. Nothing is verified, counted or logged, no cache is kept
+``MSG_MORE``, the body with ``sendfile(2)`` (:mod:`lota.zerocopy`), what the socket does
+not take written through the transport; a file is kept open while fewer than `--keep`
+are. Nothing is verified, counted or logged, no cache is kept
 in order. The objects, the presigned URLs and the load generator are
 :mod:`bench.nginx`'s, so the figures stand beside that bench's: req/s, p50/p99 ms, and
 the server's CPU µs per request (what LOTA spends above it is LOTA's own work).
@@ -65,13 +66,14 @@ class _Hits(asyncio.Protocol):
         opened = fd < 0
         if opened:
             fd = os.open(path, os.O_RDONLY)
-        whole = (
-            zerocopy.resident(fd, 0, size)
-            and zerocopy.send(self._socket, head, zerocopy.FileSpan(fd, 0, size))
-            == len(head) + size
-        )
-        if not whole:  # the floor does not wait: every hit goes out whole at once, or fails
-            self._transport.abort()
+        sent = 0
+        if zerocopy.resident(fd, 0, size):
+            sent = zerocopy.send(self._socket, head, zerocopy.FileSpan(fd, 0, size))
+        if sent < len(head):  # what the socket did not take goes through the transport
+            self._transport.write(head[sent:])
+            sent = len(head)
+        if sent - len(head) < size:
+            self._transport.write(os.pread(fd, size, sent - len(head)))
         if opened and len(self._fds) < self._keep:
             self._fds[path] = fd
         elif opened:
