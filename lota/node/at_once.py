@@ -203,16 +203,18 @@ class AtOnce(Answers):
         if self._off or self._pending is not None or self._drain.draining:
             return None
         started = time.perf_counter()
-        # As _recall, but a plan that no longer holds is left for answer() to forget: the
-        # hit says None for it, and this runs for every request answered again.
+        # As _recall, with the plan's freshness checked by the hit itself (this runs for
+        # every request answered again); a plan that no longer holds is forgotten then.
         known = self._remembered.get(raw)
         if known is None or not self._auth.holds(known.valid):
             return None
         try:
             body = self._hit(known.plan, span)
+            if body is None:
+                if not self._plan_holds(known.plan):
+                    self._remembered.pop(raw)
+                return None
         except Exception:  # answered the usual way, which meets it again
-            return None
-        if body is None:
             return None
         return self._send(body, known, remote, started)
 

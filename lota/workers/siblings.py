@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import NamedTuple
 
 from lota.cache.source import SourceKind, SourceReply
 from lota.cache.store import ObjectMeta
+from lota.cache.store.reader import WARM_FOR
 from lota.cluster.peers import PeerSource
 from lota.workers.fds import FdClient
 
@@ -41,18 +44,34 @@ ChunkId = tuple[str, str, str, int]
 Warmth = tuple[int, int] | None
 
 
+class Known(NamedTuple):
+    """Where a sibling keeps a chunk, and what is known of its file here."""
+
+    path: str
+    length: int
+    warm: Warmth
+    """See lota.cache.store.reader.Warm."""
+    at: float
+    """When `warm` was last true (``time.monotonic()``): it is trusted for ``WARM_FOR``."""
+
+    def warmth(self) -> Warmth:
+        return self.warm if time.monotonic() - self.at <= WARM_FOR else None
+
+
 class OpenChunk:
     """A sibling's chunk file, open here: read it with ``os.pread``/``os.sendfile`` on `fd`,
     then :meth:`close` (the descriptor is closed once nobody uses it and it is not kept)."""
 
-    __slots__ = ("fd", "kept", "length", "users", "warm")
+    __slots__ = ("fd", "kept", "length", "path", "used_at", "users", "warm")
 
-    def __init__(self, fd: int, length: int, warm: Warmth = None) -> None:
+    def __init__(self, fd: int, length: int, path: str, warm: Warmth = None) -> None:
         self.fd = fd
         self.length = length
+        self.path = path
         self.users = 0
         self.kept = True
         self.warm = warm  # see lota.cache.store.reader.Warm
+        self.used_at = time.monotonic()
 
     def use(self) -> OpenChunk:
         self.users += 1
@@ -87,10 +106,9 @@ class SiblingSource:
         self._fds = fds
         self._kept: OrderedDict[ChunkId, OpenChunk] = OrderedDict()
         self._kept_bytes = 0
-        # Where the sibling keeps each chunk: its file, its length, and the bytes of it
-        # last read whole from memory (see lota.cache.store.reader.Warm), which outlive
-        # the descriptor they were read through.
-        self._paths: OrderedDict[ChunkId, tuple[str, int, Warmth]] = OrderedDict()
+        # Where the sibling keeps each chunk, and what is known of its file here, which
+        # outlives the descriptor it was learnt through (see Known).
+        self._paths: OrderedDict[ChunkId, Known] = OrderedDict()
 
     @asynccontextmanager
     async def get(
@@ -111,22 +129,22 @@ class SiblingSource:
         if kept is not None:
             if kept.kept:
                 self._kept.move_to_end(chunk)
+                kept.used_at = time.monotonic()
                 return kept.use()
             self._forget(chunk)  # dropped: its file turned out short
         known = self._paths.get(chunk)
         if known is None:
             return None
-        path, length, warm = known
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(known.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             del self._paths[chunk]
             return None
-        if os.fstat(fd).st_size != length:
+        if os.fstat(fd).st_size != known.length:
             os.close(fd)
             del self._paths[chunk]
             return None
-        opened = OpenChunk(fd, length, warm).use()
+        opened = OpenChunk(fd, known.length, known.path, known.warmth()).use()
         self._keep(chunk, opened)
         return opened
 
@@ -153,8 +171,10 @@ class SiblingSource:
             return kept.use()
         fd, length, path = found
         known = self._paths.get(chunk)
-        warm = known[2] if known is not None and known[0] == path else None
-        opened = OpenChunk(fd, length, warm).use()  # in use before kept: never closed under us
+        warm = None
+        if known is not None and (known.path, known.length) == (path, length):
+            warm = known.warmth()
+        opened = OpenChunk(fd, length, path, warm).use()  # in use before kept: never closed
         self._keep(chunk, opened)
         self.remember(chunk, path, length)
         return opened
@@ -167,11 +187,9 @@ class SiblingSource:
         if not path.startswith("/"):
             return
         known = self._paths.get(chunk)
-        if known is not None and known[:2] == (path, length):
-            warm = known[2]
-        else:
-            warm = (0, length) if written else None
-        self._paths[chunk] = (path, length, warm)
+        if known is None or (known.path, known.length) != (path, length):
+            known = Known(path, length, (0, length) if written else None, time.monotonic())
+        self._paths[chunk] = known
         self._paths.move_to_end(chunk)
         while len(self._paths) > self._max_kept * PATHS_PER_DESCRIPTOR:
             self._paths.popitem(last=False)
@@ -189,8 +207,8 @@ class SiblingSource:
             self._kept_bytes -= old.length
             old.drop()
             known = self._paths.get(key)
-            if known is not None:  # what was read of it stays known (see _paths)
-                self._paths[key] = (known[0], known[1], old.warm)
+            if known is not None and (known.path, known.length) == (old.path, old.length):
+                self._paths[key] = Known(old.path, old.length, old.warm, old.used_at)
 
     def close(self) -> None:
         for opened in self._kept.values():

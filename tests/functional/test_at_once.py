@@ -726,7 +726,8 @@ async def test_a_remembered_answer_is_planned_again_once_its_entry_is_refreshed(
     """An entry refreshed in place (the same object, to be checked with the origin before
     its next use, as CacheStore.admit leaves it when its metadata may predate a write)
     stops a remembered answer: the next read is checked with the origin, not answered
-    from its bytes; then it is remembered and answered from them again."""
+    from its bytes (and is forgotten as soon as it is offered again); then it is
+    remembered and answered from them again."""
     _, made = _spy_told(monkeypatch)
     offers: list[Offer] = []
     _spy_offers(monkeypatch, offers.append)
@@ -738,6 +739,9 @@ async def test_a_remembered_answer_is_planned_again_once_its_entry_is_refreshed(
         cache = at_once._plan_hit.__self__.cache  # type: ignore[attr-defined]
         entry = cache.lookup(bucket, "k")
         await cache.admit(replace(entry.meta, validated_at=0.0))
+        assert whole in at_once._remembered._entries
+        assert at_once.again(whole, None) is None
+        assert whole not in at_once._remembered._entries
         checked = _metric(await one.node.metrics(), unchanged)
         offers.clear()
         assert (await conn.get(whole))[2] == body

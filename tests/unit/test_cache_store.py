@@ -38,6 +38,7 @@ from lota.cache.store import (
     ObjectMeta,
     fdcache,
 )
+from lota.cache.store.reader import WARM_FOR
 from lota.clock import FakeClock
 from lota.zerocopy import FileSpan
 
@@ -513,16 +514,17 @@ async def test_checked_chunks_beyond_the_kept_descriptors_are_reopened_inline(
 
 
 async def test_a_chunk_is_sent_from_the_page_cache_from_its_first_hit_and_after_a_reopen(
-    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+    make_store: MakeStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A span is made only of bytes known to be in memory (lota.cache.store.reader.Warm):
     a fill's are, it has just written them; and what is known is the file's, not one
     descriptor's, so a hot set larger than the descriptors kept is still sent from the
-    page cache, each chunk reopened for its hit."""
+    page cache, each chunk reopened for its hit, while it is read often (WARM_FOR)."""
     monkeypatch.setattr(fdcache, "open_chunk_limit", lambda: 1)
     store = await make_store()
     obj = await store.admit(meta())
     await fill_all(store, obj)
+    assert [obj.chunks[i].warm for i in range(3)] == [(0, CS)] * 3
     for _ in range(2):
         for index in range(3):
             got = store.read_hot(obj, index, 5, 50, True)
@@ -532,6 +534,23 @@ async def test_a_chunk_is_sent_from_the_page_cache_from_its_first_hit_and_after_
             else:
                 assert got == want
     assert store.stats()["hits"] == 6
+    # Once idle for longer than WARM_FOR, a reopened chunk proves its bytes again.
+    clock.advance(WARM_FOR + 1)
+    assert store.read_hot(obj, 0, 5, 50, True) == content(obj.meta, 0)[5:55]
+
+
+async def test_a_chunk_being_scrubbed_is_not_sent_from_the_page_cache(
+    make_store: MakeStore, clock: FakeClock
+) -> None:
+    """The scrubber's read may bring a chunk's pages in from the drive: a hit meanwhile
+    reads them (without waiting) rather than sending them (sendfile would wait)."""
+    store = await make_store(scrub_rate=1 << 40, scrub_idle=60)
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    clock.advance(61)
+    assert await store.scrub() == 0  # none damaged
+    assert store.stats()["scrubbed"] == len(obj.chunks) == 4
+    assert [chunk.warm for chunk in obj.chunks.values()] == [None] * 4
 
 
 async def test_an_open_of_a_checked_chunk_beyond_the_kept_descriptors_stays_on_the_loop(

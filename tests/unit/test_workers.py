@@ -300,12 +300,12 @@ async def test_a_sibling_s_chunks_are_kept_open_or_reopened_from_their_path(
 
 
 async def test_what_is_known_in_memory_of_a_sibling_s_chunk_outlives_its_descriptor(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A chunk a sibling has just written is in memory (lota.cache.store.reader.Warm):
     sent from the page cache from its first hit here. What a read learns of it stays
     known when its descriptor is closed (more chunks than are kept) and it is reopened
-    from its path; a new file for the chunk starts unknown."""
+    from its path, for a while (WARM_FOR); a new file for the chunk starts unknown."""
     for i in range(3):
         (tmp_path / f"k{i}").write_bytes(bytes([i]) * 100)
     source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 1)  # type: ignore[arg-type]
@@ -331,7 +331,17 @@ async def test_what_is_known_in_memory_of_a_sibling_s_chunk_outlives_its_descrip
     source.remember(ids[0], str(tmp_path / "k2"), 100)  # filled again, in another file
     other = source.kept(metas[0], 0)  # type: ignore[arg-type]
     assert other is not None and other.warm is None and os.pread(other.fd, 1, 0) == b"\x02"
+    other.warm = (0, 100)
     other.close()
+    source.remember(ids[0], str(tmp_path / "k0"), 100)  # ...and back while k2's was kept
+    assert source.kept(metas[1], 0) is not None  # k2's closed: what it knew is not k0's
+    assert source._paths[ids[0]].warm is None
+    # Trusted for WARM_FOR after the file's last read, no longer.
+    source.remember(ids[2], str(tmp_path / "k2"), 100, written=True)
+    later = time.monotonic() + siblings.WARM_FOR + 1
+    monkeypatch.setattr(siblings.time, "monotonic", lambda: later)
+    stale = source.kept(metas[2], 0)  # type: ignore[arg-type]
+    assert stale is not None and stale.warm is None
     source.close()
 
 
@@ -506,7 +516,7 @@ async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
 ) -> None:
     """Worker 0 tells worker 1 what its store learns from the origin (metadata, admitted
     there as asked at the same moment) and the chunks it publishes (opened there from
-    their path, without asking). Metadata asked before worker 1 dropped an entry (a write)
+    their path, without asking, known to be in memory). Metadata asked before worker 1 dropped an entry (a write)
     is let pass; what worker 1 checked more recently stands; a copy's metadata (not the
     origin's answer) is not told; a path outside the node's cache is refused."""
     async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
@@ -547,6 +557,7 @@ async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
             assert validated == {"k": 1000.0, "raced": None, "newer-here": 2000.0, "a-copy": None}
             opened = source.kept(_meta("k", 1000.0), 0)
             assert opened is not None and os.pread(opened.fd, 100, 0) == b"z" * 100
+            assert opened.warm == (0, 100)  # just written: sent from the page cache at once
             opened.close()
             assert source.kept(_meta("k", 1000.0), 1) is None
             assert handing.asked == []  # opened from its path, not handed over

@@ -192,6 +192,7 @@ class Scrubber:
     async def _scrub_one(self, chunk: Chunk) -> bool:
         path = self._table.path(chunk)
         self._table.ref(chunk)
+        chunk.warm = None  # its pages may be read in from the drive now: not for a span
         try:
             await self._io.call(self._files.verify, path, chunk.length, chunk.digest)
         except (ChunkDamaged, OSError) as exc:

@@ -30,6 +30,10 @@ VerifyPolicy = Literal["always", "after-restart", "never"]
 VERIFY_POLICIES: tuple[VerifyPolicy, ...] = ("always", "after-restart", "never")
 
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+# Seconds after its last read that what was known in memory of a chunk file (Warm) is
+# still trusted once its descriptor was closed: the page cache may drop an idle file's
+# pages, and a thread (the scrubber's, another worker's) may be reading them in again.
+WARM_FOR = 10.0
 
 
 def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
@@ -50,10 +54,10 @@ def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
 class Warm(Protocol):
     """A file whose bytes [start, end) were last read whole from memory
     (:func:`read_or_span`), or written by a fill: `warm`, None once a read did not find
-    them all in memory. It outlives the descriptor
-    they were read through: the page cache is the file's, whatever opens it, and
-    closing a descriptor evicts nothing (a file reopened for each hit, in a hot set
-    larger than the descriptors kept, is still sent from the page cache)."""
+    them all in memory. It outlives the descriptor they were read through for
+    :data:`WARM_FOR` after the file's last read: the page cache is the file's, whatever
+    opens it, and closing a descriptor evicts nothing (a file reopened for each hit, in a
+    hot set larger than the descriptors kept, is still sent from the page cache)."""
 
     warm: tuple[int, int] | None
 
@@ -174,6 +178,8 @@ class Readers:
         if os.fstat(fd).st_size != chunk.length:
             os.close(fd)
             return False
+        if self._clock.time() - chunk.last_access > WARM_FOR:
+            chunk.warm = None  # idle since: its pages may have gone (see WARM_FOR)
         self._fds.keep(chunk, fd)
         return True
 
