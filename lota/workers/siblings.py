@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from lota.cache.source import SourceKind, SourceReply
 from lota.cache.store import ObjectMeta
+from lota.cache.store.fdcache import KEEP_EVERY
 from lota.cache.store.reader import WARM_FOR
 from lota.cluster.peers import PeerSource
 from lota.workers.fds import FdClient
@@ -109,6 +110,7 @@ class SiblingSource:
         # Where the sibling keeps each chunk, and what is known of its file here, which
         # outlives the descriptor it was learnt through (see Known).
         self._paths: OrderedDict[ChunkId, Known] = OrderedDict()
+        self._opened_again = 0
 
     @asynccontextmanager
     async def get(
@@ -145,7 +147,7 @@ class SiblingSource:
             del self._paths[chunk]
             return None
         opened = OpenChunk(fd, known.length, known.path, known.warmth()).use()
-        self._keep(chunk, opened)
+        self._keep(chunk, opened, again=True)
         return opened
 
     async def open(self, meta: ObjectMeta, index: int) -> OpenChunk | None:
@@ -199,16 +201,26 @@ class SiblingSource:
         opened = self._kept.pop(chunk)
         self._kept_bytes -= opened.length
 
-    def _keep(self, chunk: ChunkId, opened: OpenChunk) -> None:
-        self._kept[chunk] = opened
-        self._kept_bytes += opened.length
-        while self._kept and (len(self._kept) > self._max_kept or self._kept_bytes > KEPT_BYTES):
+    def _keep(self, chunk: ChunkId, opened: OpenChunk, *, again: bool = False) -> None:
+        """Keep `opened`, as the most recently read unless it is opened `again` from its
+        path while as many as may be are kept (as lota.cache.store.fdcache.FdCache does)."""
+        recent = True
+        if again and len(self._kept) >= self._max_kept:
+            self._opened_again += 1
+            recent = self._opened_again % KEEP_EVERY == 0
+        while self._kept and (
+            len(self._kept) >= self._max_kept or self._kept_bytes + opened.length > KEPT_BYTES
+        ):
             key, old = self._kept.popitem(last=False)
             self._kept_bytes -= old.length
             old.drop()
             known = self._paths.get(key)
             if known is not None and (known.path, known.length) == (old.path, old.length):
                 self._paths[key] = Known(old.path, old.length, old.warm, old.used_at)
+        self._kept[chunk] = opened
+        self._kept_bytes += opened.length
+        if not recent:
+            self._kept.move_to_end(chunk, last=False)
 
     def close(self) -> None:
         for opened in self._kept.values():

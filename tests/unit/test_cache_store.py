@@ -539,6 +539,45 @@ async def test_a_chunk_is_sent_from_the_page_cache_from_its_first_hit_and_after_
     assert store.read_hot(obj, 0, 5, 50, True) == content(obj.meta, 0)[5:55]
 
 
+async def test_a_hot_set_read_in_a_loop_keeps_part_of_itself_open(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twice as many chunks as descriptors kept, read in a loop (epochs): least recently
+    used order would close each before its next read and open every one again; a part of
+    them stays open instead (fdcache.KEEP_EVERY). A chunk read often amid them gets its
+    descriptor kept after a few reads."""
+    monkeypatch.setattr(fdcache, "open_chunk_limit", lambda: 8)
+    store = await make_store()
+    objs = []
+    for i in range(16):
+        obj = await store.admit(meta(key=f"k{i}", size=1000))
+        await fill_all(store, obj)
+        objs.append(obj)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counted(path: str, flags: int, *args: Any) -> int:
+        opened.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", counted)
+    for _ in range(3):  # settle
+        for obj in objs:
+            assert store.read_hot(obj, 0, 0, 10) == content(obj.meta, 0)[:10]
+    opened.clear()
+    for _ in range(10):
+        for obj in objs:
+            assert store.read_hot(obj, 0, 0, 10) == content(obj.meta, 0)[:10]
+    assert len(opened) <= 0.75 * 10 * 16  # least recently used: all 160
+    hot, cold = objs[0], objs[1:]
+    opened.clear()
+    for _ in range(5):
+        for obj in cold:
+            store.read_hot(hot, 0, 0, 10)
+            store.read_hot(obj, 0, 0, 10)
+    assert sum(1 for path in opened if hot.stem in path) <= fdcache.KEEP_EVERY
+
+
 async def test_a_chunk_being_scrubbed_is_not_sent_from_the_page_cache(
     make_store: MakeStore, clock: FakeClock
 ) -> None:

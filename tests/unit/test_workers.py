@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -342,6 +343,35 @@ async def test_what_is_known_in_memory_of_a_sibling_s_chunk_outlives_its_descrip
     monkeypatch.setattr(siblings.time, "monotonic", lambda: later)
     stale = source.kept(metas[2], 0)  # type: ignore[arg-type]
     assert stale is not None and stale.warm is None
+    source.close()
+
+
+def test_a_sibling_s_chunks_read_in_a_loop_keep_part_of_themselves_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the store's own descriptors (fdcache.KEEP_EVERY): twice as many of a sibling's
+    chunks as descriptors kept, read in a loop, are not each opened again for each read."""
+    metas = [SimpleNamespace(bucket="b", key=f"k{i}", etag='"e"') for i in range(16)]
+    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 8)  # type: ignore[arg-type]
+    for i, meta in enumerate(metas):
+        (tmp_path / meta.key).write_bytes(bytes([i]) * 100)
+        source.remember((meta.bucket, meta.key, meta.etag, 0), str(tmp_path / meta.key), 100)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counted(path: str, flags: int, *args: Any) -> int:
+        opened.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", counted)
+    for rounds in (3, 10):
+        opened.clear()
+        for _ in range(rounds):
+            for i, meta in enumerate(metas):
+                got = source.kept(meta, 0)  # type: ignore[arg-type]
+                assert got is not None and os.pread(got.fd, 1, 0) == bytes([i])
+                got.close()
+    assert len(opened) <= 0.75 * 10 * 16  # least recently used: all 160
     source.close()
 
 

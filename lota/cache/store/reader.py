@@ -152,15 +152,19 @@ class Readers:
             if os.fstat(chunk.fd).st_size < chunk.length:  # cut short: never serve it
                 self.drop_unreadable(chunk.obj, chunk.index)
             return None
-        self._fds.used(chunk)
         self._touch(chunk)
         return found
 
     def _hot(self, chunk: Chunk) -> bool:
-        """Whether `chunk` is read here without a thread: checked, its descriptor open."""
+        """Whether `chunk` is read here without a thread: checked, its descriptor open
+        (then it is the most recently read; one opened again here is kept as FdCache
+        says)."""
         if self._digest_to_check(chunk) is not None:
             return False
-        return chunk.fd >= 0 or self._reopen(chunk)
+        if chunk.fd >= 0:
+            self._fds.used(chunk)
+            return True
+        return self._reopen(chunk)
 
     def _reopen(self, chunk: Chunk) -> bool:
         """Open again, here on the loop, a chunk opened and checked since start-up whose
@@ -180,7 +184,7 @@ class Readers:
             return False
         if self._clock.time() - chunk.last_access > WARM_FOR:
             chunk.warm = None  # idle since: its pages may have gone (see WARM_FOR)
-        self._fds.keep(chunk, fd)
+        self._fds.keep(chunk, fd, again=True)
         return True
 
     def drop_unreadable(self, obj: CachedObject, index: int) -> None:
@@ -192,10 +196,9 @@ class Readers:
     async def open(self, chunk: Chunk) -> ChunkReader | None:
         """A reader of `chunk`, verified as the policy says; None if it is damaged or gone."""
         self._table.ref(chunk)
-        if self._digest_to_check(chunk) is None and (chunk.fd >= 0 or self._reopen(chunk)):
+        if self._hot(chunk):
             # Hot path: a chunk read since start-up, already checked, its descriptor still
             # open (or opened again here, on the loop).
-            self._fds.used(chunk)
             return self._reader(chunk, chunk.fd, owned=False)
         try:
             fd = await self._open_fd(chunk)
