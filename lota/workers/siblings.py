@@ -56,7 +56,7 @@ class Known(NamedTuple):
     """When `warm` was last true (``time.monotonic()``): it is trusted for ``WARM_FOR``."""
 
     def warmth(self) -> Warmth:
-        return self.warm if time.monotonic() - self.at <= WARM_FOR else None
+        return self.warm if 0 <= time.monotonic() - self.at <= WARM_FOR else None
 
 
 class OpenChunk:
@@ -131,7 +131,10 @@ class SiblingSource:
         if kept is not None:
             if kept.kept:
                 self._kept.move_to_end(chunk)
-                kept.used_at = time.monotonic()
+                now = time.monotonic()
+                if not 0 <= now - kept.used_at <= WARM_FOR:
+                    kept.warm = None  # idle since: its pages may have gone (WARM_FOR)
+                kept.used_at = now
                 return kept.use()
             self._forget(chunk)  # dropped: its file turned out short
         known = self._paths.get(chunk)
@@ -204,6 +207,9 @@ class SiblingSource:
     def _keep(self, chunk: ChunkId, opened: OpenChunk, *, again: bool = False) -> None:
         """Keep `opened`, as the most recently read unless it is opened `again` from its
         path while as many as may be are kept (as lota.cache.store.fdcache.FdCache does)."""
+        if opened.length > KEPT_BYTES:  # more than all kept may pin: read, then closed
+            opened.drop()
+            return
         recent = True
         if again and len(self._kept) >= self._max_kept:
             self._opened_again += 1

@@ -340,9 +340,30 @@ async def test_what_is_known_in_memory_of_a_sibling_s_chunk_outlives_its_descrip
     # Trusted for WARM_FOR after the file's last read, no longer.
     source.remember(ids[2], str(tmp_path / "k2"), 100, written=True)
     later = time.monotonic() + siblings.WARM_FOR + 1
-    monkeypatch.setattr(siblings.time, "monotonic", lambda: later)
+    monkeypatch.setattr(siblings, "time", SimpleNamespace(monotonic=lambda: later))
     stale = source.kept(metas[2], 0)  # type: ignore[arg-type]
     assert stale is not None and stale.warm is None
+    stale.warm = (0, 100)
+    stale.close()
+    much_later = later + siblings.WARM_FOR + 1
+    monkeypatch.setattr(siblings, "time", SimpleNamespace(monotonic=lambda: much_later))
+    idle = source.kept(metas[2], 0)  # type: ignore[arg-type]  # its descriptor still kept
+    assert idle is stale and idle.warm is None
+    idle.close()
+    source.close()
+
+
+def test_a_sibling_s_chunk_larger_than_all_kept_may_pin_is_read_then_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(siblings, "KEPT_BYTES", 50)
+    (tmp_path / "big").write_bytes(b"b" * 100)
+    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 4)  # type: ignore[arg-type]
+    source.remember(("b", "big", '"e"', 0), str(tmp_path / "big"), 100)
+    opened = source.kept(SimpleNamespace(bucket="b", key="big", etag='"e"'), 0)  # type: ignore[arg-type]
+    assert opened is not None and not opened.kept and os.pread(opened.fd, 1, 0) == b"b"
+    opened.close()
+    assert opened.fd == -1
     source.close()
 
 

@@ -50,11 +50,13 @@ class FdCache:
         if again and len(self._open) >= self._limit:
             self._opened_again += 1
             recent = self._opened_again % KEEP_EVERY == 0
-        while len(self._open) >= self._limit:
+        for _ in range(len(self._open)):  # each held one is passed over once at most
+            if len(self._open) < self._limit:
+                break
             oldest = next(iter(self._open))
             if oldest.readers:
                 self._open.move_to_end(oldest)
-                break
+                continue
             self.close(oldest)
         self._open[chunk] = None
         if not recent:

@@ -31,8 +31,8 @@ VERIFY_POLICIES: tuple[VerifyPolicy, ...] = ("always", "after-restart", "never")
 
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 # Seconds after its last read that what was known in memory of a chunk file (Warm) is
-# still trusted once its descriptor was closed: the page cache may drop an idle file's
-# pages, and a thread (the scrubber's, another worker's) may be reading them in again.
+# still trusted: the page cache may drop an idle file's pages, and a thread (a stream's,
+# the scrubber's, another worker's) may be reading them in again.
 WARM_FOR = 10.0
 
 
@@ -54,8 +54,8 @@ def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
 class Warm(Protocol):
     """A file whose bytes [start, end) were last read whole from memory
     (:func:`read_or_span`), or written by a fill: `warm`, None once a read did not find
-    them all in memory. It outlives the descriptor they were read through for
-    :data:`WARM_FOR` after the file's last read: the page cache is the file's, whatever
+    them all in memory. It holds for :data:`WARM_FOR` after the file's last read, and
+    outlives the descriptor it was learnt through: the page cache is the file's, whatever
     opens it, and closing a descriptor evicts nothing (a file reopened for each hit, in a
     hot set larger than the descriptors kept, is still sent from the page cache)."""
 
@@ -146,13 +146,16 @@ class Readers:
         """See :meth:`lota.cache.store.CacheStore.read_hot`."""
         if not self._hot(chunk):
             return None
+        now = self._clock.time()
+        if not 0 <= now - chunk.last_access <= WARM_FOR:
+            chunk.warm = None  # idle since (or the clock stepped): its pages may have gone
         dropped = partial(self.drop_unreadable, chunk.obj, chunk.index) if span else None
         found = read_or_span(chunk.fd, offset, count, chunk, span=span, short=dropped)
         if found is None:
             if os.fstat(chunk.fd).st_size < chunk.length:  # cut short: never serve it
                 self.drop_unreadable(chunk.obj, chunk.index)
             return None
-        self._touch(chunk)
+        self._touch(chunk, now)
         return found
 
     def _hot(self, chunk: Chunk) -> bool:
@@ -182,8 +185,6 @@ class Readers:
         if os.fstat(fd).st_size != chunk.length:
             os.close(fd)
             return False
-        if self._clock.time() - chunk.last_access > WARM_FOR:
-            chunk.warm = None  # idle since: its pages may have gone (see WARM_FOR)
         self._fds.keep(chunk, fd, again=True)
         return True
 
@@ -220,10 +221,11 @@ class Readers:
         self._touch(chunk)
         return ChunkReader(fd, chunk.length, partial(self._table.unref, chunk), owned=owned)
 
-    def _touch(self, chunk: Chunk) -> None:
-        """A chunk is read: the eviction policy and the scrubber hear of it."""
+    def _touch(self, chunk: Chunk, now: float | None = None) -> None:
+        """A chunk is read (at `now`, the store's clock): the eviction policy and the
+        scrubber hear of it."""
         self._table.touch(chunk)
-        chunk.last_access = self._clock.time()
+        chunk.last_access = self._clock.time() if now is None else now
         self._counts["hits"] += 1
 
     async def _open_fd(self, chunk: Chunk) -> int | None:
