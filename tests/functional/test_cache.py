@@ -780,10 +780,12 @@ def test_origin_bytes_in_counts_what_the_cache_relays_or_skips_not_only_what_it_
     for key, data in blobs.items():
         assert _get(s3, bucket, key)[0] == data
     counted = _metric(node.metrics(), 'lota_origin_bytes_in_total{region="us-east"}')
-    # A GET the cache cut short (by design: see the README's known limits) may have had
-    # its body written whole into socket buffers it never read: counted as sent, not got.
+    # A GET the cache cut short (by design: a cold object whose first chunk is not kept
+    # costs one, see the README's known limits) may have had its body written into socket
+    # buffers it never read, up to a whole chunk, the proxy seeing it leave or not: counted
+    # as sent, not got. (Relays not counted at all would leave three objects of four out.)
     fetched, whole = recorder.bytes_sent(), recorder.bytes_sent(whole=True)
-    assert 0.95 * whole <= counted <= fetched, (counted, whole, fetched)
+    assert whole - len(blobs) * CHUNK <= counted <= fetched, (counted, whole, fetched)
 
 
 def test_with_the_cache_disk_full_every_response_is_still_correct(
