@@ -32,8 +32,11 @@ VERIFY_POLICIES: tuple[VerifyPolicy, ...] = ("always", "after-restart", "never")
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 # Seconds after its last read that what was known in memory of a chunk file (Warm) is
 # still trusted: the page cache may drop an idle file's pages, and a thread (a stream's,
-# the scrubber's, another worker's) may be reading them in again.
-WARM_FOR = 10.0
+# the scrubber's, another worker's) may be reading them in again. A hit waits only if it
+# comes in the milliseconds such a read takes; this bounds how old the knowledge may be
+# (a minute: longer than filling a hot set of 20,000 objects takes here, so their first
+# hits after it are sent from the page cache; 10 s copied most of them).
+WARM_FOR = 60.0
 
 
 def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
