@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -104,6 +105,20 @@ def bucket(make_bucket: Callable[[], str]) -> str:
 
 
 # -- catalog: a real PostgreSQL server, and a catalog URL per backend -----------------------
+
+
+@pytest.fixture
+def opened_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``os.open`` opens from here on, in order: a test clears it to count."""
+    opened: list[str] = []
+    real_open = os.open
+
+    def counted(path: str, flags: int, *args: Any) -> int:
+        opened.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", counted)
+    return opened
 
 
 @pytest.fixture(scope="session")

@@ -564,7 +564,7 @@ def test_descriptors_held_by_readers_never_keep_idle_ones_open_past_the_limit() 
 
 
 async def test_a_hot_set_read_in_a_loop_keeps_part_of_itself_open(
-    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch, opened_files: list[str]
 ) -> None:
     """Twice as many chunks as descriptors kept, read in a loop (epochs): least recently
     used order would close each before its next read and open every one again; a part of
@@ -577,14 +577,7 @@ async def test_a_hot_set_read_in_a_loop_keeps_part_of_itself_open(
         obj = await store.admit(meta(key=f"k{i}", size=1000))
         await fill_all(store, obj)
         objs.append(obj)
-    opened: list[str] = []
-    real_open = os.open
-
-    def counted(path: str, flags: int, *args: Any) -> int:
-        opened.append(path)
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", counted)
+    opened = opened_files
     for _ in range(3):  # settle
         for obj in objs:
             assert store.read_hot(obj, 0, 0, 10) == content(obj.meta, 0)[:10]

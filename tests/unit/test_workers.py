@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -378,7 +377,7 @@ def test_a_sibling_s_chunk_larger_than_all_kept_may_pin_is_read_then_closed(
 
 
 def test_a_sibling_s_chunks_read_in_a_loop_keep_part_of_themselves_open(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, opened_files: list[str]
 ) -> None:
     """As the store's own descriptors (fdcache.KEEP_EVERY): twice as many of a sibling's
     chunks as descriptors kept, read in a loop, are not each opened again for each read."""
@@ -387,14 +386,7 @@ def test_a_sibling_s_chunks_read_in_a_loop_keep_part_of_themselves_open(
     for i, meta in enumerate(metas):
         (tmp_path / meta.key).write_bytes(bytes([i]) * 100)
         source.remember((meta.bucket, meta.key, meta.etag, 0), str(tmp_path / meta.key), 100)
-    opened: list[str] = []
-    real_open = os.open
-
-    def counted(path: str, flags: int, *args: Any) -> int:
-        opened.append(path)
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", counted)
+    opened = opened_files
     for rounds in (3, 10):
         opened.clear()
         for _ in range(rounds):
