@@ -8,7 +8,11 @@ verdict, cacheable, :meth:`lota.cache.reads.ReadPath.plan_hit`, then
 :meth:`~lota.cache.reads.ReadPath.hit`) and returns the response (its head, and its
 body as bytes or as a span of the chunk's file that the page cache holds), counted and
 logged as the front end counts and logs; or declines, with nothing
-counted, and the front end answers the request as if it had never been offered.
+counted, and the front end answers the request as if it had never been offered. A hit
+whose bytes are not at hand (its chunk's pages gone from the page cache, its file not yet
+opened here, or held by another worker) waits while they are read on a thread or asked of
+that worker (:class:`Reading`, a :class:`lota.node.listener.Later`), then is answered
+with them: the front end's request and response objects cost more than the read.
 
 With a catalog, a GET may be of a key with a version on its way home, served from
 staging: a request first waits (:class:`lota.node.listener.Later`) for the worker's mirror
@@ -34,10 +38,12 @@ Authorization header is not remembered: its client signs every request afresh.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -58,6 +64,7 @@ from lota.node.node import Drain
 from lota.node.requests import next_request_id
 from lota.s3.addressing import Target, is_admin, parse_target
 from lota.s3.operations import Op
+from lota.tasks import TaskGroup
 from lota.zerocopy import FileSpan
 
 # What aiohttp refuses in a header (it could split the head): control characters but tab.
@@ -85,6 +92,16 @@ class Remembered:
     """The request's target, as the access log names it."""
 
 
+@dataclass(frozen=True, slots=True)
+class Reading(Later):
+    """A hit whose bytes were not at hand, waiting while they are read: `ready` gives them
+    (None if they could not be), for `message` alone (what is queued behind it is offered
+    again as any other request)."""
+
+    message: RawRequestMessage
+    known: Remembered
+
+
 class AtOnce(Answers):
     """Answers the small hits a node can answer without waiting (see the module)."""
 
@@ -108,6 +125,8 @@ class AtOnce(Answers):
         self._plan_hit = cache.plan_hit
         self._plan_holds = cache.holds
         self._hit = cache.hit
+        self._hit_later = cache.hit_later
+        self._reads = TaskGroup("hit reads")  # Reading's
         # The other workers of the node hear of each request remembered by its bytes, and
         # remember it too (without verifying it again): a URL read once per epoch is
         # answered from its bytes by whichever worker its next read reaches.
@@ -148,6 +167,10 @@ class AtOnce(Answers):
         file (the connection sends it from the page cache). Never raises."""
         if self._off or message.method != "GET" or message.version != HttpVersion11:
             return None
+        if isinstance(waited, Reading):
+            if waited.message is message:  # counted in flight, as below
+                return self._read(waited, remote)
+            waited = None  # queued behind it: offered as any other
         if waited is not None:  # counted in flight: answered even if a drain began since
             done = waited.ready
             if done.cancelled() or done.exception() is not None or done.result() is not None:
@@ -176,9 +199,32 @@ class AtOnce(Answers):
             body = None if known is None else self._hit(known.plan, span)
         except Exception:  # whatever it is, the front end meets it again and answers it
             return None
-        if body is None or known is None:
+        if known is None:
             return None
+        if body is None:
+            return self._read_later(message, known, started)
         return self._send(body, known, remote, started)
+
+    def _read_later(self, message: RawRequestMessage, known: Remembered, started: float) -> Later:
+        """`message`'s bytes are not at hand: they are read on a thread (or asked of the
+        worker that holds them) while it waits, then it is answered with them (:meth:`_read`)."""
+        reading = self._reads.start(self._hit_later(known.plan), known.path)
+        self._drain.inflight += 1
+        return Reading(reading, partial(self._read_over, reading), started, message, known)
+
+    def _read_over(self, reading: asyncio.Task[bytes | bytearray | None]) -> None:
+        """The request that waited for `reading` is offered again, or was declined at once
+        (the front end answers it): a read not begun yet is not wanted (nor counted)."""
+        reading.cancel()
+        self._drain.finished()
+
+    def _read(self, waited: Reading, remote: str | None) -> Response | None:
+        """The response to the request `waited` was made for, with the bytes read for it;
+        None if they could not be (the front end answers: a missing chunk is fetched)."""
+        done = waited.ready
+        if done.cancelled() or done.exception() is not None or done.result() is None:
+            return None
+        return self._send(done.result(), waited.known, remote, waited.started)
 
     def learn(self, message: RawRequestMessage, raw: bytes | None) -> None:
         """Remember `message`, a GET the front end has just answered (a miss, filled), as

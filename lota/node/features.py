@@ -13,7 +13,7 @@ the node does not have).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,6 +75,10 @@ def _no_hit(plan: HitPlan, span: bool) -> bytes | bytearray | FileSpan | None:
     return None
 
 
+async def _no_hit_later(plan: HitPlan) -> bytes | bytearray | None:
+    return None
+
+
 def _holds_not(plan: HitPlan) -> bool:
     return False
 
@@ -115,6 +119,10 @@ class CacheFeature:
     """The body of the GET a plan was made for, if its bytes are at hand (None otherwise,
     or once it no longer holds); with True, it may be a span of a file, to be sent from
     the page cache at once."""
+    hit_later: Callable[[HitPlan], Coroutine[Any, Any, bytes | bytearray | None]] = _no_hit_later
+    """The body of the GET a plan was made for, when :attr:`hit` found its bytes not at
+    hand: read on a thread, or from the worker that holds them; None once the plan no
+    longer holds, or a chunk is missing (then :attr:`serve` answers)."""
     tell_answered: Callable[[dict[str, Any]], None] = _tell_no_one
     """Tell the other workers of this node of a request remembered to be answered at once
     (:meth:`lota.node.at_once.AtOnce.heard` is what hears it there)."""

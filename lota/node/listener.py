@@ -83,9 +83,10 @@ MAX_REQUEST_LINE = 64 * 1024
 @dataclass(frozen=True, slots=True)
 class Later:
     """`at_once`'s word for a request it can answer only once `ready` is done (a node with
-    a catalog first hears of the writes committed before the request came). The request
-    stays first in its connection's queue, nothing after it answered, aiohttp's task kept
-    asleep; then it is offered again, with this, and answered or declined as any other.
+    a catalog first hears of the writes committed before the request came; a hit's bytes
+    are read on a thread). The request stays first in its connection's queue, nothing
+    after it answered, aiohttp's task kept asleep; then it is offered again, with this,
+    and answered or declined as any other.
     `finish` is called once `ready` is done, whatever became of the connection."""
 
     ready: asyncio.Future[Any]

@@ -28,6 +28,7 @@ from lota.catalog import open_catalog
 from lota.clock import FakeClock
 from lota.lifecycle.access import AccessRecorder
 from lota.lru import SizedLru
+from lota.node import listener
 from lota.node.at_once import MAX_CHARS, AtOnce
 from lota.node.listener import Later, S3RequestHandler
 from lota.regions.pending import PendingKeys
@@ -695,8 +696,9 @@ async def test_a_request_whose_bytes_are_not_at_hand_stays_remembered_and_is_tol
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While a remembered request's bytes are not at hand (out of the page cache), it is
-    answered the usual way and stays remembered: the other workers are told of it once,
-    not at every read; once its bytes are back, it is answered from its bytes again."""
+    answered once they are read on a thread, and stays remembered: the other workers are
+    told of it once, not at every read; once its bytes are back, it is answered from its
+    bytes again."""
     told, _ = _spy_told(monkeypatch)
     offers: list[Offer] = []
     _spy_offers(monkeypatch, offers.append)
@@ -707,12 +709,80 @@ async def test_a_request_whose_bytes_are_not_at_hand_stays_remembered_and_is_tol
         read_now = Deliverer.read_now
         monkeypatch.setattr(Deliverer, "read_now", lambda *args, **kwargs: None)
         for _ in range(5):
+            offers.clear()
             assert _without_date(await conn.get(whole)) == _without_date(parsed)
+            assert [(o.how, type(o.reply).__name__) for o in offers] == [
+                ("again", "NoneType"),  # not at hand: parsed, then read
+                ("answer", "Reading"),
+                ("answer", "tuple"),  # answered at once with what was read
+            ]
         assert len(told) == 1
         monkeypatch.setattr(Deliverer, "read_now", read_now)
         offers.clear()
         assert _without_date(await conn.get(whole)) == _without_date(parsed)
         assert (offers[0].how, offers[0].reply is not None) == ("again", True)
+
+
+async def test_hits_whose_bytes_are_not_at_hand_wait_in_order_and_what_is_gone_is_fetched(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    answered: list[bool],
+) -> None:
+    """Pipelined hits whose bytes are not at hand each wait while theirs are read, and are
+    answered at once then, in order, the requests behind them too. A chunk found damaged
+    by that read is fetched again by the front end, and its client gets the whole body."""
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        conn, whole, body = one.conn, one.whole, one.body
+        await _until_hit(conn, one.url)
+        monkeypatch.setattr(Deliverer, "read_now", lambda *args, **kwargs: None)
+        ranged = request(one.url, range="bytes=100-4195")
+        answered.clear()
+        conn.send(whole, ranged, whole, ranged)
+        replies = [await conn.reply() for _ in range(4)]
+        assert [(status, got) for status, _, got in replies] == [
+            (200, body),
+            (206, body[100:4196]),
+            (200, body),
+            (206, body[100:4196]),
+        ]
+        assert answered == [True] * 4
+        [chunk] = [
+            p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size == 5000
+        ]
+        os.truncate(chunk, 4000)
+        answered.clear()
+        status, headers, got = await conn.get(whole)
+        assert (status, dict(headers)["x-lota-cache"], got) == (200, "MISS", body)
+        assert answered == [False]
+        assert (await conn.get(whole))[2] == body
+
+
+async def test_a_hit_told_to_wait_but_taken_by_the_front_end_is_read_and_counted_once(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request can wait (Later) only while aiohttp's task is asleep; otherwise the
+    front end answers it at once, and the read begun for it is dropped before it runs:
+    the bytes the cache counts as sent are those the client got."""
+    sent = r'lota_cache_bytes_total\{source="hit"\}'
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        conn, whole, body = one.conn, one.whole, one.body
+        await _until_hit(conn, one.url)
+        monkeypatch.setattr(Deliverer, "read_now", lambda *args, **kwargs: None)
+        monkeypatch.setattr(listener, "idle_waiter", lambda handler: None)
+        before = _metric(await one.node.metrics(), sent)
+        for _ in range(3):
+            assert (await conn.get(whole))[2] == body
+        await asyncio.sleep(0.1)  # a read left running would be done by now
+        assert _metric(await one.node.metrics(), sent) - before == 3 * len(body)
 
 
 async def test_a_remembered_answer_is_planned_again_once_its_entry_is_refreshed(
