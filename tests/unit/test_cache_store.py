@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from lota import zerocopy
 from lota.cache.files import LOCK_NAME, ChunkFiles
 from lota.cache.layout import (
     blocks,
@@ -37,6 +36,9 @@ from lota.cache.store import (
     CacheWriteError,
     ObjectMeta,
     fdcache,
+)
+from lota.cache.store import (
+    reader as chunk_reader,
 )
 from lota.cache.store.reader import WARM_FOR
 from lota.clock import FakeClock
@@ -528,19 +530,24 @@ async def test_a_chunk_is_sent_from_the_page_cache_from_its_first_hit_and_after_
     for _ in range(2):
         for index in range(3):
             got = store.read_hot(obj, index, 5, 50, True)
-            want = content(obj.meta, index)[5:55]
-            if zerocopy.AVAILABLE:
-                assert isinstance(got, FileSpan) and got.read() == want
-            else:
-                assert got == want
+            assert isinstance(got, FileSpan) and got.read() == content(obj.meta, index)[5:55]
     assert store.stats()["hits"] == 6
-    # Once idle for longer than WARM_FOR, a chunk proves its bytes again, its descriptor
-    # still open (chunk 2, read last) or opened again (chunk 0); so after a clock step back.
+    # Once idle for longer than WARM_FOR, a chunk proves its bytes again by reading them
+    # whole from memory, whatever cachestat says, its descriptor still open (chunk 2, read
+    # last) or opened again (chunk 0); so after a clock step back.
     clock.advance(WARM_FOR + 1)
-    assert store.read_hot(obj, 2, 5, 50, True) == content(obj.meta, 2)[5:55]
-    assert store.read_hot(obj, 0, 5, 50, True) == content(obj.meta, 0)[5:55]
+    with monkeypatch.context() as held_not_whole:
+        held_not_whole.setattr(chunk_reader, "resident", lambda *args: True)
+        held_not_whole.setattr(chunk_reader, "_read_whole", lambda *args: False)
+        assert [store.read_hot(obj, i, 5, 50, True) for i in (2, 0)] == [None, None]
+    for index in (2, 0):
+        got = store.read_hot(obj, index, 5, 50, True)  # read whole: sent from memory
+        assert isinstance(got, FileSpan) and got.read() == content(obj.meta, index)[5:55]
     clock.advance(-3600)
-    assert store.read_hot(obj, 0, 5, 50, True) == content(obj.meta, 0)[5:55]
+    with monkeypatch.context() as held_not_whole:
+        held_not_whole.setattr(chunk_reader, "resident", lambda *args: True)
+        held_not_whole.setattr(chunk_reader, "_read_whole", lambda *args: False)
+        assert store.read_hot(obj, 0, 5, 50, True) is None
 
 
 def test_descriptors_held_by_readers_never_keep_idle_ones_open_past_the_limit() -> None:

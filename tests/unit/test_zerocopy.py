@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from lota import zerocopy
+from lota.cache.store import reader
 from lota.cache.store.reader import read_or_span, read_resident
 from lota.node.listener import S3RequestHandler
 from lota.zerocopy import FileSpan, resident
@@ -101,45 +102,49 @@ class Seen:
     warm: tuple[int, int] | None = None
 
 
-def test_a_span_is_made_only_of_bytes_read_whole_from_memory_before(
-    data_file: tuple[int, bytes],
+def test_a_span_is_made_only_of_bytes_read_whole_from_memory(
+    data_file: tuple[int, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """cachestat counts pages still being read in from the drive as held: a span of them
-    would wait for the drive. So the first read of a range gives its bytes, and only the
-    next ones a span, while the range stays in memory."""
+    would wait for the drive. So a span is made only of bytes read whole from memory: now
+    (read, then dropped), or before (remembered, then checked with cachestat)."""
     fd, data = data_file
     seen = Seen()
-    assert read_or_span(fd, 0, 5000, seen, span=True) == data[:5000]
+    assert read_or_span(fd, 0, 5000, seen, span=True) == FileSpan(fd, 0, 5000)
     assert seen.warm == (0, 5000)
-    got = read_or_span(fd, 100, 4000, seen, span=True)
-    if zerocopy.AVAILABLE:
-        assert got == FileSpan(fd, 100, 4000)
-    else:
-        assert got == data[100:4100]
     assert read_or_span(fd, 100, 4000, seen, span=False) == data[100:4100]
-    assert read_or_span(fd, 0, 8000, seen, span=True) == data[:8000]  # not all seen yet
+    assert seen.warm == (100, 4100)
+    seen.warm = (0, 5000)
+    monkeypatch.setattr(reader, "_read_whole", lambda *args: False)  # as if coming in
+    monkeypatch.setattr(reader, "resident", lambda *args: True)  # cachestat counts them
+    assert read_or_span(fd, 100, 4000, seen, span=True) == FileSpan(fd, 100, 4000)  # known
+    assert read_or_span(fd, 0, 8000, seen, span=True) is None  # not all known yet
+    assert seen.warm is None
+    assert read_or_span(fd, 100, 4000, seen, span=True) is None
+    monkeypatch.setattr(reader, "resident", lambda *args: False)
+    seen.warm = (0, 5000)
+    assert read_or_span(fd, 100, 4000, seen, span=True) is None  # known, found gone
 
 
 def test_pages_being_read_in_are_never_sent_as_a_span(data_file: tuple[int, bytes]) -> None:
     """A read that found the pages gone starts reading them in (RWF_NOWAIT's read-ahead):
-    the reads after it get bytes once they are in, never a span while they come."""
+    the reads after it get nothing while they come, then spans once they are all in."""
     fd, data = data_file
     seen = Seen()
-    assert read_or_span(fd, 0, SIZE, seen, span=True) == data
+    assert read_or_span(fd, 0, SIZE, seen, span=True) == FileSpan(fd, 0, SIZE)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
     _drop_pages(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)  # read-ahead, as chunk reads have
     kinds = []
     for _ in range(10_000):
         got = read_or_span(fd, 0, SIZE, seen, span=True)
-        assert got is None or isinstance(got, FileSpan) or got == data
-        kinds.append({None: "-", FileSpan: "span"}.get(type(got) if got else None, "bytes"))
-        if kinds[-1] == "span" or (kinds[-1] == "bytes" and not zerocopy.AVAILABLE):
+        assert got is None or got == FileSpan(fd, 0, SIZE)
+        kinds.append("-" if got is None else "span")
+        if got is not None:
             break
-    # Nothing while the pages come in, then their bytes once, then spans.
-    assert kinds[0] == "-"
-    assert kinds[-2:] == (["bytes", "span"] if zerocopy.AVAILABLE else ["-", "bytes"])
-    assert "span" not in kinds[:-1]
+    # Nothing while the pages come in, then a span.
+    assert kinds[0] == "-" and kinds[-1] == "span" and "span" not in kinds[:-1]
+    assert os.pread(fd, SIZE, 0) == data
 
 
 def test_send_writes_the_head_then_the_span(data_file: tuple[int, bytes]) -> None:

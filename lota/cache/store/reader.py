@@ -44,14 +44,24 @@ def read_resident(fd: int, count: int, offset: int) -> bytearray | None:
     without blocking (``RWF_NOWAIT``): safe on the event loop. None when any are not
     resident, the file is shorter, or the read fails; then the caller reads on a thread,
     where a cold or failing drive stalls nobody and errors are handled."""
-    if _RWF_NOWAIT is None:
-        return None
     data = bytearray(count)
+    return data if _read_whole(fd, data, offset) else None
+
+
+def _read_whole(fd: int, into: bytearray | memoryview, offset: int) -> bool:
+    """Whether `into` was filled from `offset` of file `fd` without blocking: every byte in
+    the page cache, none still being read in (see :func:`read_resident`)."""
+    if _RWF_NOWAIT is None:
+        return False
     try:
-        got = os.preadv(fd, (data,), offset, _RWF_NOWAIT)
+        return os.preadv(fd, (into,), offset, _RWF_NOWAIT) == len(into)
     except OSError:  # EAGAIN: not resident; EOPNOTSUPP: not on this file system; EIO...
-        return None
-    return data if got == count else None
+        return False
+
+
+# What a span's bytes are read into to prove them in memory (then dropped): only the
+# event loop's thread reads into it, and nothing reads what it holds.
+_proof = memoryview(bytearray(256 * 1024))
 
 
 class Warm(Protocol):
@@ -78,19 +88,25 @@ def read_or_span(
     blocking: as a span of the file to send from there (`span`), or read (as
     :func:`read_resident`); None when any are not in memory.
 
-    A span is made only for bytes read whole from memory before, or written by a fill
-    (`seen`): the page cache counts pages still being read in as held (cachestat), and
-    sending those would wait for the drive. Bytes read so are remembered in `seen`, until
-    they are found missing.
+    A span is made only for bytes known to be whole in memory: the page cache counts pages
+    still being read in as held (cachestat), and sending those would wait for the drive.
+    Known so: read whole from memory before, or written by a fill (`seen`), then checked
+    with cachestat; else read whole from memory now, into a scratch buffer that is then
+    dropped (the read a copy would make: the span spares allocating and writing the copy).
+    What is known is remembered in `seen`, until found missing.
     `short`: called when a span turns out longer than the file (see :class:`FileSpan`)."""
     warm = seen.warm
-    if span and warm is not None and warm[0] <= offset and offset + count <= warm[1]:
-        if resident(fd, offset, count):
-            return FileSpan(fd, offset, count, short)
-        seen.warm = None
-    data = read_resident(fd, count, offset)
-    seen.warm = None if data is None else (offset, offset + count)
-    return data
+    known = span and warm is not None and warm[0] <= offset and offset + count <= warm[1]
+    if known and resident(fd, offset, count):
+        return FileSpan(fd, offset, count, short)
+    found: bytearray | FileSpan | None
+    if span and count <= len(_proof):
+        proved = _read_whole(fd, _proof[:count], offset)
+        found = FileSpan(fd, offset, count, short) if proved else None
+    else:
+        found = read_resident(fd, count, offset)
+    seen.warm = None if found is None else (offset, offset + count)
+    return found
 
 
 class ChunkReader:
