@@ -6,7 +6,7 @@ copies none. Here a :class:`FileSpan` names a hit's bytes (a descriptor, an offs
 count); :func:`resident` says whether the page cache holds all of them (``cachestat(2)``,
 Linux 6.5+), so that sending them does not wait for a drive on the event loop (but for
 pages still being read in, which it counts as held: a span is made only of bytes read
-whole from memory before or written by a fill,
+whole from memory, now or before, or written by a fill,
 :func:`lota.cache.store.reader.read_or_span`); :func:`send`
 writes a response's head with ``MSG_MORE`` and then its span with ``sendfile(2)``: one
 segment on the wire for both, two system calls, as many as the copy took.

@@ -127,6 +127,21 @@ class Deliverer:
         worker, or another), read on the loop from the page cache or else on a thread; None
         if any chunk is missing or fails its check (then :meth:`send`, which refetches,
         takes over)."""
+        found = await self._gather(placement, obj, first, last)
+        return None if found is None else self._hit(found, last - first + 1)
+
+    async def bring_to_hand(
+        self, placement: Placement, obj: CachedObject, first: int, last: int
+    ) -> bool:
+        """Read bytes first..last of `obj` as :meth:`read_cached` does, counting nothing:
+        then :meth:`read_now` finds them (their pages in the page cache, each chunk's file
+        open here or handed over by the worker that holds it), unless they are dropped
+        again meanwhile. False if a chunk is missing or fails its check."""
+        return await self._gather(placement, obj, first, last) is not None
+
+    async def _gather(
+        self, placement: Placement, obj: CachedObject, first: int, last: int
+    ) -> list[bytes | bytearray] | None:
         found = []
         for index, lo, hi in pieces(first, last, self.chunk_size):
             data = self.cache.read_hot(obj, index, lo, hi - lo)
@@ -138,7 +153,7 @@ class Deliverer:
             if data is None:
                 return None
             found.append(data)
-        return self._hit(found, last - first + 1)
+        return found
 
     def read_now(
         self,

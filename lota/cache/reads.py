@@ -164,19 +164,17 @@ class ReadPath:
             self._read_ahead(planned.placement, obj, first, last)
         return body
 
-    async def hit_later(self, planned: HitPlan) -> bytes | bytearray | None:
-        """The body of the GET `planned` was made for, when :meth:`hit` found its bytes
-        not at hand (a chunk's pages gone from the page cache, its file not yet opened or
-        checked here, or held by another worker): read on a thread, or asked of that
-        worker (:meth:`Deliverer.read_cached`). None once it no longer holds, or if a
-        chunk is missing or damaged (then :meth:`serve` fetches it)."""
+    async def bring_to_hand(self, planned: HitPlan) -> bool:
+        """Bring the bytes of the GET `planned` was made for to hand, when :meth:`hit` found
+        them not (a chunk's pages gone from the page cache, its file not yet opened or
+        checked here, or held by another worker): read on a thread, or handed over by that
+        worker (:meth:`Deliverer.bring_to_hand`), counting nothing; then :meth:`hit`
+        answers. False once the plan no longer holds, or if a chunk is missing or damaged
+        (then :meth:`serve` fetches it)."""
         if not self.holds(planned):
-            return None
+            return False
         obj, first, last = planned.obj, planned.first, planned.last
-        body = await self.deliverer.read_cached(planned.placement, obj, first, last)
-        if body is not None and (first or last + 1 < obj.meta.size):
-            self._read_ahead(planned.placement, obj, first, last)
-        return body
+        return await self.deliverer.bring_to_hand(planned.placement, obj, first, last)
 
     async def serve_version(
         self, request: web.BaseRequest, target: Target, source: ChunkSource, etag: str

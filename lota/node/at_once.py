@@ -10,9 +10,10 @@ body as bytes or as a span of the chunk's file that the page cache holds), count
 logged as the front end counts and logs; or declines, with nothing
 counted, and the front end answers the request as if it had never been offered. A hit
 whose bytes are not at hand (its chunk's pages gone from the page cache, its file not yet
-opened here, or held by another worker) waits while they are read on a thread or asked of
-that worker (:class:`Reading`, a :class:`lota.node.listener.Later`), then is answered
-with them: the front end's request and response objects cost more than the read.
+opened here, or held by another worker) waits while they are brought to hand, read on a
+thread or handed over by that worker (:class:`Reading`, a
+:class:`lota.node.listener.Later`), then is answered as any other: the front end's
+request and response objects cost more than the read.
 
 With a catalog, a GET may be of a key with a version on its way home, served from
 staging: a request first waits (:class:`lota.node.listener.Later`) for the worker's mirror
@@ -94,9 +95,9 @@ class Remembered:
 
 @dataclass(frozen=True, slots=True)
 class Reading(Later):
-    """A hit whose bytes were not at hand, waiting while they are read: `ready` gives them
-    (None if they could not be), for `message` alone (what is queued behind it is offered
-    again as any other request)."""
+    """A hit whose bytes were not at hand, waiting while they are brought to hand: `ready`
+    says whether they were, for `message` alone (what is queued behind it is offered again
+    as any other request)."""
 
     message: RawRequestMessage
     known: Remembered
@@ -125,8 +126,8 @@ class AtOnce(Answers):
         self._plan_hit = cache.plan_hit
         self._plan_holds = cache.holds
         self._hit = cache.hit
-        self._hit_later = cache.hit_later
-        self._reads = TaskGroup("hit reads")  # Reading's
+        self._bring_to_hand = cache.bring_to_hand
+        self._bringing = TaskGroup("hits brought to hand")  # Reading's
         # The other workers of the node hear of each request remembered by its bytes, and
         # remember it too (without verifying it again): a URL read once per epoch is
         # answered from its bytes by whichever worker its next read reaches.
@@ -152,6 +153,11 @@ class AtOnce(Answers):
         self._cached = metrics.later(metrics.cache_requests.labels("HIT"))
         self._cached_seconds = metrics.later_histogram(metrics.cache_request_seconds.labels("HIT"))
 
+    async def close(self) -> None:
+        """Stop bringing bytes to hand for requests still waiting (their connections are
+        gone by now: the drain is over)."""
+        await self._bringing.close()
+
     def answer(
         self,
         message: RawRequestMessage,
@@ -169,7 +175,7 @@ class AtOnce(Answers):
             return None
         if isinstance(waited, Reading):
             if waited.message is message:  # counted in flight, as below
-                return self._read(waited, remote)
+                return self._brought(waited, remote, span)
             waited = None  # queued behind it: offered as any other
         if waited is not None:  # counted in flight: answered even if a drain began since
             done = waited.ready
@@ -202,29 +208,35 @@ class AtOnce(Answers):
         if known is None:
             return None
         if body is None:
-            return self._read_later(message, known, started)
+            return self._bring(message, known, started)
         return self._send(body, known, remote, started)
 
-    def _read_later(self, message: RawRequestMessage, known: Remembered, started: float) -> Later:
-        """`message`'s bytes are not at hand: they are read on a thread (or asked of the
-        worker that holds them) while it waits, then it is answered with them (:meth:`_read`)."""
-        reading = self._reads.start(self._hit_later(known.plan), known.path)
+    def _bring(self, message: RawRequestMessage, known: Remembered, started: float) -> Later:
+        """`message`'s bytes are not at hand: it waits while they are brought to hand (read
+        on a thread, or handed over by the worker that holds them), then :meth:`_brought`."""
+        bringing = self._bringing.start(self._bring_to_hand(known.plan), known.path)
         self._drain.inflight += 1
-        return Reading(reading, partial(self._read_over, reading), started, message, known)
+        return Reading(bringing, partial(self._over, bringing), started, message, known)
 
-    def _read_over(self, reading: asyncio.Task[bytes | bytearray | None]) -> None:
-        """The request that waited for `reading` is offered again, or was declined at once
-        (the front end answers it): a read not begun yet is not wanted (nor counted)."""
-        reading.cancel()
+    def _over(self, bringing: asyncio.Task[bool]) -> None:
+        """The request that waited for `bringing` is offered again, or was declined at once
+        (the front end answers it): a read not begun yet is not wanted."""
+        bringing.cancel()
         self._drain.finished()
 
-    def _read(self, waited: Reading, remote: str | None) -> Response | None:
-        """The response to the request `waited` was made for, with the bytes read for it;
-        None if they could not be (the front end answers: a missing chunk is fetched)."""
+    def _brought(self, waited: Reading, remote: str | None, span: bool) -> Reply:
+        """The response to the request `waited` was made for, its bytes now at hand, counted
+        as any hit; None if they could not be brought, or are gone again (the front end
+        answers: a missing chunk is fetched)."""
         done = waited.ready
-        if done.cancelled() or done.exception() is not None or done.result() is None:
+        if done.cancelled() or done.exception() is not None or not done.result():
             return None
-        return self._send(done.result(), waited.known, remote, waited.started)
+        known = waited.known
+        try:
+            body = self._hit(known.plan, span)
+        except Exception:  # as in answer()
+            return None
+        return None if body is None else self._send(body, known, remote, waited.started)
 
     def learn(self, message: RawRequestMessage, raw: bytes | None) -> None:
         """Remember `message`, a GET the front end has just answered (a miss, filled), as

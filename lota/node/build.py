@@ -128,6 +128,7 @@ async def build_node(
             cache=cache,
             catalog=catalog,
         )
+        stack.push_async_callback(at_once.close)  # before the cache it reads closes
         node = Node(
             config,
             front.handle,

@@ -142,7 +142,7 @@ async def build_cache(
             plan_hit=reads.plan_hit,
             holds=reads.holds,
             hit=reads.hit,
-            hit_later=reads.hit_later,
+            bring_to_hand=reads.bring_to_hand,
             invalidate=service.invalidate,
             warm=warm,
             cached_etag=cached_etag,

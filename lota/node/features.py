@@ -75,8 +75,8 @@ def _no_hit(plan: HitPlan, span: bool) -> bytes | bytearray | FileSpan | None:
     return None
 
 
-async def _no_hit_later(plan: HitPlan) -> bytes | bytearray | None:
-    return None
+async def _bring_nothing(plan: HitPlan) -> bool:
+    return False
 
 
 def _holds_not(plan: HitPlan) -> bool:
@@ -119,10 +119,11 @@ class CacheFeature:
     """The body of the GET a plan was made for, if its bytes are at hand (None otherwise,
     or once it no longer holds); with True, it may be a span of a file, to be sent from
     the page cache at once."""
-    hit_later: Callable[[HitPlan], Coroutine[Any, Any, bytes | bytearray | None]] = _no_hit_later
-    """The body of the GET a plan was made for, when :attr:`hit` found its bytes not at
-    hand: read on a thread, or from the worker that holds them; None once the plan no
-    longer holds, or a chunk is missing (then :attr:`serve` answers)."""
+    bring_to_hand: Callable[[HitPlan], Coroutine[Any, Any, bool]] = _bring_nothing
+    """Bring the bytes of the GET a plan was made for to hand, when :attr:`hit` found them
+    not (read on a thread, or handed over by the worker that holds them), counting
+    nothing; False once the plan no longer holds, or a chunk is missing (then
+    :attr:`serve` answers)."""
     tell_answered: Callable[[dict[str, Any]], None] = _tell_no_one
     """Tell the other workers of this node of a request remembered to be answered at once
     (:meth:`lota.node.at_once.AtOnce.heard` is what hears it there)."""

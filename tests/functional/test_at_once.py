@@ -132,6 +132,26 @@ async def _one_object(
             conn.close()
 
 
+class PagesGone:
+    """Deliverer.read_now finds nothing at hand (as when a chunk's pages are gone from the
+    page cache) from when `gone` is set until bring_to_hand brings the bytes back."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.gone = True
+        read_now, bring = Deliverer.read_now, Deliverer.bring_to_hand
+
+        def not_at_hand(*args: Any, **kwargs: Any) -> Any:
+            return None if self.gone else read_now(*args, **kwargs)
+
+        async def brought(*args: Any) -> bool:
+            done = await bring(*args)
+            self.gone = False
+            return done
+
+        monkeypatch.setattr(Deliverer, "read_now", not_at_hand)
+        monkeypatch.setattr(Deliverer, "bring_to_hand", brought)
+
+
 def _forged(url: str) -> bytes:
     """A GET of presigned `url` with its signature reversed (well-formed, wrong)."""
     signature = url.rsplit("X-Amz-Signature=", 1)[1]
@@ -706,18 +726,17 @@ async def test_a_request_whose_bytes_are_not_at_hand_stays_remembered_and_is_tol
         conn, whole = one.conn, one.whole
         parsed = await _until_hit(conn, one.url)
         assert len(told) == 1
-        read_now = Deliverer.read_now
-        monkeypatch.setattr(Deliverer, "read_now", lambda *args, **kwargs: None)
+        pages = PagesGone(monkeypatch)
         for _ in range(5):
+            pages.gone = True
             offers.clear()
             assert _without_date(await conn.get(whole)) == _without_date(parsed)
             assert [(o.how, type(o.reply).__name__) for o in offers] == [
-                ("again", "NoneType"),  # not at hand: parsed, then read
+                ("again", "NoneType"),  # not at hand: parsed, then brought to hand
                 ("answer", "Reading"),
-                ("answer", "tuple"),  # answered at once with what was read
+                ("answer", "tuple"),  # answered at once then
             ]
         assert len(told) == 1
-        monkeypatch.setattr(Deliverer, "read_now", read_now)
         offers.clear()
         assert _without_date(await conn.get(whole)) == _without_date(parsed)
         assert (offers[0].how, offers[0].reply is not None) == ("again", True)
@@ -738,7 +757,7 @@ async def test_hits_whose_bytes_are_not_at_hand_wait_in_order_and_what_is_gone_i
     async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
         conn, whole, body = one.conn, one.whole, one.body
         await _until_hit(conn, one.url)
-        monkeypatch.setattr(Deliverer, "read_now", lambda *args, **kwargs: None)
+        pages = PagesGone(monkeypatch)
         ranged = request(one.url, range="bytes=100-4195")
         answered.clear()
         conn.send(whole, ranged, whole, ranged)
@@ -754,6 +773,7 @@ async def test_hits_whose_bytes_are_not_at_hand_wait_in_order_and_what_is_gone_i
             p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size == 5000
         ]
         os.truncate(chunk, 4000)
+        pages.gone = True
         answered.clear()
         status, headers, got = await conn.get(whole)
         assert (status, dict(headers)["x-lota-cache"], got) == (200, "MISS", body)
@@ -783,6 +803,51 @@ async def test_a_hit_told_to_wait_but_taken_by_the_front_end_is_read_and_counted
             assert (await conn.get(whole))[2] == body
         await asyncio.sleep(0.1)  # a read left running would be done by now
         assert _metric(await one.node.metrics(), sent) - before == 3 * len(body)
+
+
+async def test_a_client_that_leaves_while_its_bytes_are_brought_to_hand_is_not_counted(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hit waiting for its bytes whose client goes away: nothing is counted as sent or
+    answered, the request is no longer in flight, and the next client is answered."""
+    sent = r'lota_cache_bytes_total\{source="hit"\}'
+    answered = r'lota_requests_total\{operation="GetObject",status="200"\}'
+    async with _one_object(origin, origin_s3, bucket, credentials_file, tmp_path) as one:
+        conn, whole, body = one.conn, one.whole, one.body
+        await _until_hit(conn, one.url)
+        before = await one.node.metrics()
+        release = asyncio.Event()
+        bring = Deliverer.bring_to_hand
+
+        async def slow(*args: Any) -> bool:
+            await release.wait()
+            return await bring(*args)
+
+        monkeypatch.setattr(Deliverer, "read_now", lambda *args, **kwargs: None)
+        monkeypatch.setattr(Deliverer, "bring_to_hand", slow)
+        conn.send(whole)
+        await asyncio.sleep(0.2)
+        idle = _metric(before, "lota_inflight_requests")  # the scrape's own
+        assert _metric(await one.node.metrics(), "lota_inflight_requests") == idle + 1
+        conn.close()
+        await asyncio.sleep(0.2)
+        release.set()
+        await asyncio.sleep(0.2)
+        after = await one.node.metrics()
+        assert _metric(after, "lota_inflight_requests") == idle
+        for counted in (sent, answered):
+            assert _metric(after, counted) == _metric(before, counted)
+        fresh = await Connection.open(one.node.url)
+        try:
+            assert (await fresh.get(whole))[2] == body
+        finally:
+            fresh.close()
+        assert _metric(await one.node.metrics(), sent) == _metric(before, sent) + len(body)
 
 
 async def test_a_remembered_answer_is_planned_again_once_its_entry_is_refreshed(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Literal, Protocol
 
+from lota import zerocopy
 from lota.cache.files import ChunkDamaged, ChunkFiles
 from lota.cache.store.entries import CachedObject, Chunk
 from lota.cache.store.fdcache import FdCache
@@ -60,7 +61,8 @@ def _read_whole(fd: int, into: bytearray | memoryview, offset: int) -> bool:
 
 
 # What a span's bytes are read into to prove them in memory (then dropped): only the
-# event loop's thread reads into it, and nothing reads what it holds.
+# event loop's thread reads into it, and nothing reads what it holds. As large as any
+# small hit (lota.cache.reads.SMALL_BODY); a span asked for more is copied.
 _proof = memoryview(bytearray(256 * 1024))
 
 
@@ -100,7 +102,7 @@ def read_or_span(
     if known and resident(fd, offset, count):
         return FileSpan(fd, offset, count, short)
     found: bytearray | FileSpan | None
-    if span and count <= len(_proof):
+    if span and zerocopy.AVAILABLE and count <= len(_proof):
         proved = _read_whole(fd, _proof[:count], offset)
         found = FileSpan(fd, offset, count, short) if proved else None
     else:
