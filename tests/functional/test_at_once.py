@@ -821,24 +821,32 @@ async def test_a_client_that_leaves_while_its_bytes_are_brought_to_hand_is_not_c
         conn, whole, body = one.conn, one.whole, one.body
         await _until_hit(conn, one.url)
         before = await one.node.metrics()
-        release = asyncio.Event()
+        started, release, brought = asyncio.Event(), asyncio.Event(), asyncio.Event()
         bring = Deliverer.bring_to_hand
 
         async def slow(*args: Any) -> bool:
+            started.set()
             await release.wait()
-            return await bring(*args)
+            try:
+                return await bring(*args)
+            finally:
+                brought.set()
 
         monkeypatch.setattr(Deliverer, "read_now", lambda *args, **kwargs: None)
         monkeypatch.setattr(Deliverer, "bring_to_hand", slow)
         conn.send(whole)
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(started.wait(), 10)
         idle = _metric(before, "lota_inflight_requests")  # the scrape's own
         assert _metric(await one.node.metrics(), "lota_inflight_requests") == idle + 1
         conn.close()
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the node sees the connection go
         release.set()
-        await asyncio.sleep(0.2)
-        after = await one.node.metrics()
+        await asyncio.wait_for(brought.wait(), 10)
+        for _ in range(100):  # the request's end runs as the read's callback
+            after = await one.node.metrics()
+            if _metric(after, "lota_inflight_requests") == idle:
+                break
+            await asyncio.sleep(0.01)
         assert _metric(after, "lota_inflight_requests") == idle
         for counted in (sent, answered):
             assert _metric(after, counted) == _metric(before, counted)
