@@ -211,9 +211,12 @@ class AtOnce(Answers):
             return self._bring(message, known, started)
         return self._send(body, known, remote, started)
 
-    def _bring(self, message: RawRequestMessage, known: Remembered, started: float) -> Later:
+    def _bring(self, message: RawRequestMessage, known: Remembered, started: float) -> Reply:
         """`message`'s bytes are not at hand: it waits while they are brought to hand (read
-        on a thread, or handed over by the worker that holds them), then :meth:`_brought`."""
+        on a thread, or handed over by the worker that holds them), then :meth:`_brought`;
+        declined where that would not help (the cache's `bring_to_hand`)."""
+        if self._bring_to_hand is None:
+            return None
         bringing = self._bringing.start(self._bring_to_hand(known.plan), known.path)
         self._drain.inflight += 1
         return Reading(bringing, partial(self._over, bringing), started, message, known)

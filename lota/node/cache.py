@@ -142,7 +142,7 @@ async def build_cache(
             plan_hit=reads.plan_hit,
             holds=reads.holds,
             hit=reads.hit,
-            bring_to_hand=reads.bring_to_hand,
+            bring_to_hand=reads.bring_to_hand if c.verify != "always" else None,
             invalidate=service.invalidate,
             warm=warm,
             cached_etag=cached_etag,

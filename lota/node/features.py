@@ -75,10 +75,6 @@ def _no_hit(plan: HitPlan, span: bool) -> bytes | bytearray | FileSpan | None:
     return None
 
 
-async def _bring_nothing(plan: HitPlan) -> bool:
-    return False
-
-
 def _holds_not(plan: HitPlan) -> bool:
     return False
 
@@ -119,11 +115,12 @@ class CacheFeature:
     """The body of the GET a plan was made for, if its bytes are at hand (None otherwise,
     or once it no longer holds); with True, it may be a span of a file, to be sent from
     the page cache at once."""
-    bring_to_hand: Callable[[HitPlan], Coroutine[Any, Any, bool]] = _bring_nothing
+    bring_to_hand: Callable[[HitPlan], Coroutine[Any, Any, bool]] | None = None
     """Bring the bytes of the GET a plan was made for to hand, when :attr:`hit` found them
     not (read on a thread, or handed over by the worker that holds them), counting
     nothing; False once the plan no longer holds, or a chunk is missing (then
-    :attr:`serve` answers)."""
+    :attr:`serve` answers). None where :attr:`hit` would still not answer (every read
+    checks its chunk on a thread: ``verify = "always"``)."""
     tell_answered: Callable[[dict[str, Any]], None] = _tell_no_one
     """Tell the other workers of this node of a request remembered to be answered at once
     (:meth:`lota.node.at_once.AtOnce.heard` is what hears it there)."""

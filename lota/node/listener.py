@@ -87,7 +87,8 @@ class Later:
     are read on a thread). The request stays first in its connection's queue, nothing
     after it answered, aiohttp's task kept asleep; then it is offered again, with this,
     and answered or declined as any other.
-    `finish` is called once `ready` is done, whatever became of the connection."""
+    `finish` is called once `ready` is done, whatever became of the connection; or at
+    once, the request declined instead, when aiohttp's task was not asleep to be held."""
 
     ready: asyncio.Future[Any]
     finish: Callable[[], None]

@@ -781,6 +781,35 @@ async def test_hits_whose_bytes_are_not_at_hand_wait_in_order_and_what_is_gone_i
         assert (await conn.get(whole))[2] == body
 
 
+async def test_where_every_read_checks_its_chunk_no_hit_waits_for_its_bytes(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``verify = "always"`` a chunk is checked on a thread at every read, so bytes
+    brought to hand would still not be answered at once: the front end answers at once,
+    with no wait and no read before it."""
+    offers: list[Offer] = []
+    _spy_offers(monkeypatch, offers.append)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=b"v" * 5000)
+    async with _node(
+        origin, credentials_file, tmp_path / "cache", **{"cache.verify": "always"}
+    ) as node:
+        url = presigned_get(node.url, bucket, "k")
+        conn = await Connection.open(node.url)
+        try:
+            await _until_hit(conn, url)
+            offers.clear()
+            status, headers, got = await conn.get(request(url))
+        finally:
+            conn.close()
+    assert (status, dict(headers)["x-lota-cache"], got) == (200, "HIT", b"v" * 5000)
+    assert [type(o.reply).__name__ for o in offers] == ["NoneType"] * len(offers)
+
+
 async def test_a_hit_told_to_wait_but_taken_by_the_front_end_is_read_and_counted_once(
     origin: str,
     origin_s3: Any,
