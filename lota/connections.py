@@ -49,7 +49,7 @@ log = logging.getLogger("lota.connections")
 # chunk files being written.
 BASE_RESERVE = 128
 # Never leave client connections less than this share of the descriptor limit.
-MIN_SHARE = 0.5
+MIN_SHARE = 0.25
 _WARN_EVERY = 60.0  # seconds between warnings that the cap is reached
 
 Reason = Literal["header_timeout", "idle_timeout"]
@@ -68,8 +68,8 @@ def connection_limits(config: Config) -> ConnectionLimits:
     """Raise the descriptor limit, then settle the cap (logged, with a warning when the
     limit leaves too little for LOTA's own descriptors)."""
     soft, hard = raise_descriptor_limit()
-    # Chunk descriptors: the worker's own, and as many again of its siblings'.
-    chunk_files = open_chunk_limit() * (2 if config.worker_count > 1 else 1)
+    # Chunk descriptors: the worker's own, and as many of each sibling's.
+    chunk_files = open_chunk_limit(config.worker_count) * config.worker_count
     reserve = BASE_RESERVE + POOL_SIZE + (chunk_files if config.cache.dirs else 0)
     cap = config.max_connections or connection_cap(soft, reserve)
     log.info("descriptor limit %d (hard %d): at most %d client connections", soft, hard, cap)
@@ -103,7 +103,7 @@ def raise_descriptor_limit() -> tuple[int, int]:
 
 def connection_cap(descriptor_limit: int, reserve: int) -> int:
     """Client connections allowed at once: the descriptor limit less `reserve`, but at least
-    half of it (with a very low limit, idle sockets must not take everything either)."""
+    quarter of it (with a very low limit, idle sockets must not take everything either)."""
     if descriptor_limit == resource.RLIM_INFINITY or descriptor_limit < 0:
         descriptor_limit = 1 << 20
     return max(1, int(descriptor_limit * MIN_SHARE), descriptor_limit - reserve)

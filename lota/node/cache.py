@@ -192,7 +192,7 @@ async def _over_workers(
     told the others (:class:`News`). Closed on exit."""
     async with AsyncExitStack() as stack:
         peers = _sibling_peers(siblings, config, metrics)
-        kept = open_chunk_limit() // len(siblings.indexes)
+        kept = open_chunk_limit(config.worker_count)
         fd_clients = {k: FdClient(siblings.spec.fd_socket(k)) for k in siblings.indexes}
         sibling_sources = {
             k: SiblingSource(k, peers.source(worker_name(k)), fd_clients[k], kept)
@@ -232,6 +232,7 @@ async def _open_store(config: Config, clock: Clock) -> AsyncIterator[CacheStore]
         scrub_interval=c.scrub_interval,
         high_watermark=c.high_watermark,
         low_watermark=c.low_watermark,
+        open_chunks=open_chunk_limit(config.worker_count),
     )
     try:
         await store.open()

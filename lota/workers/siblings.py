@@ -4,11 +4,11 @@ A :class:`SiblingSource` is one sibling worker: chunks it holds are opened throu
 descriptor socket (:mod:`lota.workers.fds`) and sent from here zero-copy; chunks it does
 not hold are read from its peer endpoint over its HTTP Unix socket, where it fills them
 once for everyone (:class:`lota.cluster.peers.PeerSource`). Descriptors are kept, the most
-recently used ones, so a hot chunk is asked for at most once per worker: as many as the
-store keeps of its own (:func:`lota.cache.store.open_chunk_limit`, shared by the
-siblings), so that a hot set a worker reads from its own descriptors is read from its
-siblings' alike. Each kept descriptor pins its file's blocks (an evicted chunk's space
-returns once it is closed), so they are bounded in bytes too. Beyond them, the paths of
+recently used ones, so a hot chunk is asked for at most once per worker: as many of each
+sibling's as the store keeps of its own (:func:`lota.cache.store.open_chunk_limit`), so
+that a hot set a worker reads from its own descriptors is read from its siblings' alike.
+Each kept descriptor pins its file's blocks (an evicted chunk's space returns once it is
+closed), so they are bounded in bytes too. Beyond them, the paths of
 chunks handed over before, or that the sibling said it published
 (:mod:`lota.workers.news`), are remembered (:data:`PATHS_PER_DESCRIPTOR` times as many):
 such a chunk is opened here, on the loop, as the store reopens its own (a file that is

@@ -1049,22 +1049,27 @@ async def test_an_answer_older_than_an_invalidation_is_admitted_for_revalidation
 
 
 @pytest.mark.parametrize(
-    ("soft", "kept"),
+    ("soft", "workers", "kept"),
     [
-        (256, 512),
-        (1024, 512),
-        (20_000, 5_000),
-        (1 << 18, 65_536),
-        (1 << 20, 131_072),
-        (resource.RLIM_INFINITY, 131_072),
+        (256, 1, 512),
+        (1024, 1, 716),
+        (20_000, 1, 14_000),
+        (20_000, 2, 7_000),
+        (20_000, 64, 512),
+        (1 << 18, 1, 131_072),
+        (1 << 20, 8, 91_750),
+        (resource.RLIM_INFINITY, 2, 131_072),
     ],
 )
 def test_chunk_descriptors_kept_open_follow_the_descriptor_limit(
-    monkeypatch: pytest.MonkeyPatch, soft: int, kept: int
+    monkeypatch: pytest.MonkeyPatch, soft: int, workers: int, kept: int
 ) -> None:
-    """A quarter of the process's descriptors, within 512..131,072: a hot set of 1,000
-    small objects stays open under a 20,000 limit instead of reopening a file per hit, and
-    one of 100,000 under the 1,048,576 limit containers commonly get."""
+    """70% of the process's descriptors, shared equally by the node's workers' chunks (its
+    own, each sibling's), each share within 512..131,072: a hot set of 20,000 small
+    objects stays mostly open under a 20,000 limit with two workers instead of reopening a
+    file per hit, and one of 100,000 under the 1,048,576 limit containers commonly get."""
     monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
-    assert fdcache.open_chunk_limit() == kept
-    assert fdcache.FdCache()._limit == kept
+    assert fdcache.open_chunk_limit(workers) == kept
+    assert fdcache.FdCache(fdcache.open_chunk_limit(workers))._limit == kept
+    if workers == 1:
+        assert fdcache.FdCache()._limit == kept

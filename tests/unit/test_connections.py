@@ -43,8 +43,10 @@ def test_the_first_byte_after_an_idle_spell_starts_the_header_clock() -> None:
     assert clock.head_bytes(271.0) is False
 
 
-def test_the_cap_leaves_the_reserve_but_at_least_half_the_descriptors() -> None:
+def test_the_cap_leaves_the_reserve_but_at_least_a_quarter_of_the_descriptors() -> None:
     assert connection_cap(1_048_576, reserve=1152) == 1_048_576 - 1152
     assert connection_cap(65536, reserve=1152) == 65536 - 1152
-    assert connection_cap(1024, reserve=1152) == 512
+    assert connection_cap(1024, reserve=1152) == 256
+    # 20,000 with two workers: 70% kept for chunk files, 128 + 512 for the rest.
+    assert connection_cap(20_000, reserve=14_640) == 5_360
     assert connection_cap(resource.RLIM_INFINITY, reserve=1152) == (1 << 20) - 1152

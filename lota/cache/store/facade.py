@@ -90,7 +90,10 @@ class CacheStore:
         max_bare_objects: int = 100_000,
         io_threads: int = 8,
         files: ChunkFiles | None = None,
+        open_chunks: int | None = None,
     ) -> None:
+        """`open_chunks`: chunk descriptors kept open for hits (by default
+        :func:`lota.cache.store.open_chunk_limit` of one worker)."""
         if not dirs:
             raise ValueError("the cache store needs at least one directory")
         self.dirs = tuple(os.path.abspath(d) for d in dirs)
@@ -123,7 +126,7 @@ class CacheStore:
             io=io,
             files=files,
         )
-        self._fds = FdCache()
+        self._fds = FdCache(open_chunks)
         table = self._table = ChunkTable(
             self.dirs,
             chunk_size=chunk_size,
