@@ -47,14 +47,18 @@ class _Hits(asyncio.Protocol):
         self._fds = fds
         self._keep = keep
         self._transport: asyncio.Transport | None = None
-        self._socket = -1
+        self._socket: zerocopy.Borrowed | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self._socket = transport.get_extra_info("socket").fileno()
+        self._socket = zerocopy.borrow(transport.get_extra_info("socket").fileno())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._socket is not None:
+            self._socket.detach()
 
     def data_received(self, data: bytes) -> None:
-        assert self._transport is not None
+        assert self._transport is not None and self._socket is not None
         known = self._seen.get(data)
         if known is None:
             path = str(self._root) + data.split(b" ", 2)[1].split(b"?")[0].decode()

@@ -42,32 +42,54 @@ def _libc() -> ctypes.CDLL | None:
 
 _LIBC = _libc()
 _syscall = None if _LIBC is None else _LIBC.syscall
-_send = None if _LIBC is None else _LIBC.send
-if _syscall is not None and _send is not None:
+if _syscall is not None:
+    # No argtypes: each call passes what needs no converting (ints as C ints, which libffi
+    # widens to the whole register syscall(3) reads as a long; pointers made once below):
+    # converting them cost a microsecond a hit.
     _syscall.restype = ctypes.c_long
-    _syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    _syscall.argtypes += [ctypes.c_uint]
-    _send.restype = ctypes.c_ssize_t
-    _send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
 _MSG_MORE = getattr(socket, "MSG_MORE", 0)
+# What cachestat(2) is asked and says, for the event loop's thread only (every hit's check
+# runs there; a new array per call cost a microsecond too): its range, then its answer.
+_WORDS = _Words()
+_RANGE = ctypes.c_void_p(ctypes.addressof(_WORDS))
+_STAT = ctypes.c_void_p(ctypes.addressof(_WORDS) + 16)
 
 
-def _cachestat(fd: int, words: ctypes.Array[ctypes.c_uint64]) -> bool:
+def _cachestat(fd: int, offset: int, count: int) -> int | None:
+    """Pages of `count` bytes at `offset` of file `fd` the page cache holds; None if
+    cachestat(2) failed (errno says why)."""
     assert _syscall is not None
-    address = ctypes.addressof(words)
-    done: int = _syscall(_SYS_CACHESTAT, fd, address, address + 16, 0)
-    return done == 0
+    _WORDS[0] = offset
+    _WORDS[1] = count
+    done: int = _syscall(_SYS_CACHESTAT, fd, _RANGE, _STAT, 0)
+    return _WORDS[2] if done == 0 else None
 
 
 def _probe() -> bool:
     """Whether this kernel has cachestat(2) and lets this process call it: asked of no
     file, it says EBADF (without it ENOSYS; a container's filter may say EPERM)."""
-    if _syscall is None or _send is None or not _MSG_MORE:
+    if _syscall is None or not _MSG_MORE:
         return False
-    return not _cachestat(-1, _Words()) and ctypes.get_errno() == errno.EBADF
+    return _cachestat(-1, 0, 0) is None and ctypes.get_errno() == errno.EBADF
 
 
 AVAILABLE = _probe()
+
+
+class Borrowed(socket.socket):
+    """A connection's socket as the event loop's transport holds it, to write to directly:
+    never closed from here, not even when collected (the transport closes it); call
+    :meth:`detach` once the connection is lost."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        self.detach()
+
+
+def borrow(fd: int) -> Borrowed:
+    """The socket `fd` (a transport's), as :class:`Borrowed`."""
+    return Borrowed(fileno=fd)
 
 
 @dataclass(slots=True)
@@ -101,32 +123,31 @@ class FileSpan:
 def resident(fd: int, offset: int, count: int) -> bool:
     """Whether the page cache holds every byte of `count` (> 0) at `offset` of file `fd`,
     counting pages still being read in from the drive (cachestat does not tell them
-    apart). Always False where cachestat(2) is not to be had (:data:`AVAILABLE`)."""
+    apart). Always False where cachestat(2) is not to be had (:data:`AVAILABLE`). On the
+    event loop's thread only."""
     if not AVAILABLE:
         return False
-    words = _Words(offset, count)
-    if not _cachestat(fd, words):
-        return False
-    pages = (offset + count - 1) // PAGE - offset // PAGE + 1
-    cached: int = words[2]
-    return cached >= pages
+    cached = _cachestat(fd, offset, count)
+    return cached is not None and cached >= (offset + count - 1) // PAGE - offset // PAGE + 1
 
 
-def send(sock: int, head: bytes, span: FileSpan) -> int:
+def send(sock: socket.socket, head: bytes, span: FileSpan) -> int:
     """Write `head` then `span` on the non-blocking socket `sock` as far as it takes them
     now: the bytes written, of ``len(head) + span.count``. Fewer when the socket's buffer
     fills, it fails or the file ends early: the caller writes the rest, or gives up the
     connection. Never raises."""
-    if _send is None:
+    try:
+        sent = sock.send(head, _MSG_MORE)
+    except OSError:  # EAGAIN: the socket's buffer is full; EPIPE...: it is gone
         return 0
-    sent: int = _send(sock, head, len(head), _MSG_MORE)
     if sent < len(head):
-        return max(sent, 0)
+        return sent
+    out = sock.fileno()
     done = 0
     while done < span.count:
         try:
-            n = os.sendfile(sock, span.fd, span.offset + done, span.count - done)
-        except OSError:  # EAGAIN: the socket's buffer is full; EPIPE...: it is gone
+            n = os.sendfile(out, span.fd, span.offset + done, span.count - done)
+        except OSError:
             break
         if n == 0:
             break

@@ -146,9 +146,8 @@ class S3RequestHandler(GuardedRequestHandler):
         # learnt once aiohttp's task has answered it.
         self._declined: tuple[RawRequestMessage, bytes | None] | None = None
         self._remote: str | None = None
-        # The socket's descriptor, where a response may be written on it directly: none
-        # under TLS (-1).
-        self._socket = -1
+        # The socket, where a response may be written on it directly: none under TLS.
+        self._socket: zerocopy.Borrowed | None = None
         # The parser is between two requests: the next bytes start one.
         self._between = True
         # From when aiohttp's task takes a request off the queue until its response is
@@ -165,7 +164,13 @@ class S3RequestHandler(GuardedRequestHandler):
         sock = transport.get_extra_info("socket")
         tls = transport.get_extra_info("sslcontext") or transport.get_extra_info("ssl_object")
         if sock is not None and tls is None:
-            self._socket = sock.fileno()
+            self._socket = zerocopy.borrow(sock.fileno())
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._socket is not None:
+            self._socket.detach()
+            self._socket = None
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._resuming or self.answering or queued_requests(self) or self.writing_paused:
@@ -221,7 +226,7 @@ class S3RequestHandler(GuardedRequestHandler):
     def _can_span(self, transport: asyncio.Transport) -> bool:
         """Whether a body that is a span of a file can be sent on this connection now:
         straight on its socket (not under TLS), with nothing waiting to go before it."""
-        return self._socket >= 0 and not transport.get_write_buffer_size()
+        return self._socket is not None and not transport.get_write_buffer_size()
 
     def _write(self, transport: asyncio.Transport, response: Response) -> bool:
         """Write a response answered here: a span of a file straight from the page cache
@@ -234,6 +239,7 @@ class S3RequestHandler(GuardedRequestHandler):
             return True
         sent = 0
         if self._can_span(transport):  # as when the span was asked for: nothing since
+            assert self._socket is not None
             sent = zerocopy.send(self._socket, head, body)
         if sent < len(head):
             transport.write(head[sent:])

@@ -443,7 +443,7 @@ def _spy_sends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     sends: list[tuple[int, int]] = []
     send = zerocopy.send
 
-    def spy(sock: int, head: bytes, span: FileSpan) -> int:
+    def spy(sock: zerocopy.Borrowed, head: bytes, span: FileSpan) -> int:
         sent = send(sock, head, span)
         sends.append((sent, len(head) + span.count))
         return sent

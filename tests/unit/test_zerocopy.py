@@ -4,6 +4,7 @@ head and a span written whole, or as far as the socket takes them."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 import time
@@ -156,7 +157,7 @@ def test_send_writes_the_head_then_the_span(data_file: tuple[int, bytes]) -> Non
     fd, data = data_file
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\n\r\n"
     with _connected() as (a, b):
-        assert zerocopy.send(a.fileno(), head, FileSpan(fd, 123, 10000)) == len(head) + 10000
+        assert zerocopy.send(a, head, FileSpan(fd, 123, 10000)) == len(head) + 10000
         got = b""
         while len(got) < len(head) + 10000:
             got += b.recv(1 << 20)
@@ -170,7 +171,7 @@ def test_send_stops_where_the_socket_is_full_and_the_rest_is_read_from_there(
     head = b"head\r\n\r\n"
     span = FileSpan(fd, 0, SIZE)
     with _connected(small=True) as (a, b):
-        sent = zerocopy.send(a.fileno(), head, span)
+        sent = zerocopy.send(a, head, span)
         assert len(head) < sent < len(head) + SIZE
         got = bytearray()
         while len(got) < sent:
@@ -180,6 +181,26 @@ def test_send_stops_where_the_socket_is_full_and_the_rest_is_read_from_there(
     assert bytes(got) + rest == head + data
 
 
+def test_a_borrowed_socket_writes_on_the_connection_and_never_closes_it(
+    data_file: tuple[int, bytes],
+) -> None:
+    """The listener writes on its transport's socket through a Borrowed one: collected
+    without being detached (a bug, say), it leaves the descriptor open, the transport's
+    to close; a socket that takes nothing more sends nothing, and says so."""
+    fd, _ = data_file
+    with _connected(small=True) as (a, b):
+        borrowed = zerocopy.borrow(a.fileno())
+        while zerocopy.send(borrowed, b"h", FileSpan(fd, 0, SIZE)):
+            pass  # until the socket takes nothing more
+        assert zerocopy.send(borrowed, b"h", FileSpan(fd, 0, 1)) == 0
+        del borrowed
+        gc.collect()
+        os.fstat(a.fileno())  # still open
+        b.setblocking(False)
+        assert b.recv(1 << 20)  # and still the connection
+    os.fstat(fd)
+
+
 def test_a_span_past_the_end_of_its_file_is_short_and_says_so(
     data_file: tuple[int, bytes],
 ) -> None:
@@ -187,7 +208,7 @@ def test_a_span_past_the_end_of_its_file_is_short_and_says_so(
     shorts: list[bool] = []
     span = FileSpan(fd, SIZE - 100, 200, lambda: shorts.append(True))
     with _connected() as (a, _):
-        assert zerocopy.send(a.fileno(), b"h", span) == 1 + 100
+        assert zerocopy.send(a, b"h", span) == 1 + 100
     assert span.read(100) is None
     assert shorts == [True]
     assert FileSpan(fd, 0, 100).read() == data[:100]
