@@ -56,9 +56,10 @@ class _Hits(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._socket is not None:
             self._socket.detach()
+            self._socket = None
 
     def data_received(self, data: bytes) -> None:
-        assert self._transport is not None and self._socket is not None
+        assert self._transport is not None
         known = self._seen.get(data)
         if known is None:
             path = str(self._root) + data.split(b" ", 2)[1].split(b"?")[0].decode()
@@ -71,7 +72,7 @@ class _Hits(asyncio.Protocol):
         if opened:
             fd = os.open(path, os.O_RDONLY)
         sent = 0
-        if zerocopy.resident(fd, 0, size):
+        if self._socket is not None and zerocopy.resident(fd, 0, size):
             sent = zerocopy.send(self._socket, head, zerocopy.FileSpan(fd, 0, size))
         if sent < len(head):  # what the socket did not take goes through the transport
             self._transport.write(head[sent:])

@@ -37,6 +37,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from lota.aiohttp_internals import handler_kwargs, handler_loop, queued_requests, server_loop
 from lota.cache.store import open_chunk_limit
+from lota.cluster.peers import POOL_SIZE as PEER_POOL_SIZE
 from lota.config import Config
 from lota.metrics import Metrics
 from lota.regions.origin import POOL_SIZE
@@ -44,10 +45,13 @@ from lota.s3.errors import S3Error
 
 log = logging.getLogger("lota.connections")
 
-# Descriptors LOTA holds besides client connections, origin sockets and cached chunk
-# files: listening sockets, the event loop, logs, the cache index, catalog connections,
-# chunk files being written.
+# Descriptors LOTA holds besides client connections, origin, peer and sibling sockets and
+# cached chunk files: listening sockets, the event loop, logs, the cache index, catalog
+# connections, chunk files being written.
 BASE_RESERVE = 128
+# Sockets to and from each sibling worker: a session's pool each way (aiohttp's 100), and
+# the descriptor sockets.
+SIBLING_SOCKETS = 2 * 100 + 2
 # Never leave client connections less than this share of the descriptor limit.
 MIN_SHARE = 0.25
 _WARN_EVERY = 60.0  # seconds between warnings that the cap is reached
@@ -69,20 +73,38 @@ def connection_limits(config: Config) -> ConnectionLimits:
     limit leaves too little for LOTA's own descriptors)."""
     soft, hard = raise_descriptor_limit()
     # Chunk descriptors: the worker's own, and as many of each sibling's.
-    chunk_files = open_chunk_limit(config.worker_count) * config.worker_count
-    reserve = BASE_RESERVE + POOL_SIZE + (chunk_files if config.cache.dirs else 0)
+    chunk_files = chunk_descriptors(config) * config.worker_count if config.cache.dirs else 0
+    reserve = own_descriptors(config) + chunk_files
     cap = config.max_connections or connection_cap(soft, reserve)
     log.info("descriptor limit %d (hard %d): at most %d client connections", soft, hard, cap)
     if soft != resource.RLIM_INFINITY and soft < cap + reserve:
         log.warning(
             "descriptor limit %d is low: besides %d client connections, LOTA may need %d for "
-            "origin sockets, cache files and the catalog; raise the hard limit (ulimit -Hn, "
-            "LimitNOFILE)",
+            "origin, peer and sibling sockets, cache files and the catalog; raise the hard "
+            "limit (ulimit -Hn, LimitNOFILE)",
             soft,
             cap,
             reserve,
         )
     return ConnectionLimits(config.header_timeout, config.keepalive_timeout, cap)
+
+
+def own_descriptors(config: Config) -> int:
+    """Descriptors LOTA may hold besides client connections and cached chunk files."""
+    peers = PEER_POOL_SIZE if config.cluster.on else 0
+    return BASE_RESERVE + POOL_SIZE + peers + (config.worker_count - 1) * SIBLING_SOCKETS
+
+
+def chunk_descriptors(config: Config) -> int:
+    """Chunk descriptors a worker keeps open per worker's chunks
+    (:func:`lota.cache.store.open_chunk_limit`), in the room client connections leave (at
+    least :data:`MIN_SHARE` of the limit, or ``max_connections`` when set) besides LOTA's
+    own (:func:`own_descriptors`). Call after :func:`raise_descriptor_limit`."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return open_chunk_limit(config.worker_count)
+    clients = config.max_connections or int(soft * MIN_SHARE)
+    return open_chunk_limit(config.worker_count, soft - clients - own_descriptors(config))
 
 
 def raise_descriptor_limit() -> tuple[int, int]:
@@ -103,7 +125,7 @@ def raise_descriptor_limit() -> tuple[int, int]:
 
 def connection_cap(descriptor_limit: int, reserve: int) -> int:
     """Client connections allowed at once: the descriptor limit less `reserve`, but at least
-    quarter of it (with a very low limit, idle sockets must not take everything either)."""
+    a quarter of it (with a very low limit, idle sockets must not take everything either)."""
     if descriptor_limit == resource.RLIM_INFINITY or descriptor_limit < 0:
         descriptor_limit = 1 << 20
     return max(1, int(descriptor_limit * MIN_SHARE), descriptor_limit - reserve)

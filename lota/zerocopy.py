@@ -88,8 +88,11 @@ class Borrowed(socket.socket):
 
 
 def borrow(fd: int) -> Borrowed:
-    """The socket `fd` (a transport's), as :class:`Borrowed`."""
-    return Borrowed(fileno=fd)
+    """The socket `fd` (a transport's, non-blocking), as :class:`Borrowed`: a write it does
+    not take now fails at once, whatever ``socket.setdefaulttimeout`` says."""
+    sock = Borrowed(fileno=fd)
+    sock.settimeout(0.0)
+    return sock
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from lota.cache.plan import cacheable
 from lota.cache.reads import ReadPath
 from lota.cache.route import Alone, NodePlacement, Placement
 from lota.cache.service import ChunkService
-from lota.cache.store import CacheError, CacheStore, open_chunk_limit
+from lota.cache.store import CacheError, CacheStore
 from lota.cache.warm import Warm
 from lota.clock import Clock
 from lota.cluster.cluster import Cluster
@@ -40,6 +40,7 @@ from lota.cluster.peers import PeerClient, peer_session
 from lota.cluster.placement import ChunkId, Clustered, HotCopies, RemoteFills
 from lota.cluster.signing import Verifier
 from lota.config import Config
+from lota.connections import chunk_descriptors
 from lota.errors import StartupError
 from lota.metrics import Metrics
 from lota.node.features import CacheFeature
@@ -192,7 +193,7 @@ async def _over_workers(
     told the others (:class:`News`). Closed on exit."""
     async with AsyncExitStack() as stack:
         peers = _sibling_peers(siblings, config, metrics)
-        kept = open_chunk_limit(config.worker_count)
+        kept = chunk_descriptors(config)
         fd_clients = {k: FdClient(siblings.spec.fd_socket(k)) for k in siblings.indexes}
         sibling_sources = {
             k: SiblingSource(k, peers.source(worker_name(k)), fd_clients[k], kept)
@@ -232,7 +233,7 @@ async def _open_store(config: Config, clock: Clock) -> AsyncIterator[CacheStore]
         scrub_interval=c.scrub_interval,
         high_watermark=c.high_watermark,
         low_watermark=c.low_watermark,
-        open_chunks=open_chunk_limit(config.worker_count),
+        open_chunks=chunk_descriptors(config),
     )
     try:
         await store.open()

@@ -225,8 +225,14 @@ class S3RequestHandler(GuardedRequestHandler):
 
     def _can_span(self, transport: asyncio.Transport) -> bool:
         """Whether a body that is a span of a file can be sent on this connection now:
-        straight on its socket (not under TLS), with nothing waiting to go before it."""
-        return self._socket is not None and not transport.get_write_buffer_size()
+        straight on its socket (not under TLS), with nothing waiting to go before it, and
+        not closed (its descriptor is closed at once, this learns it later, and a new
+        connection may have the number by then)."""
+        return (
+            self._socket is not None
+            and not transport.get_write_buffer_size()
+            and not transport.is_closing()
+        )
 
     def _write(self, transport: asyncio.Transport, response: Response) -> bool:
         """Write a response answered here: a span of a file straight from the page cache

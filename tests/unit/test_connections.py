@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import resource
 
-from lota.connections import HeadClock, connection_cap
+import pytest
+
+from lota.cluster.config import ClusterConfig
+from lota.cluster.peers import POOL_SIZE as PEER_POOL_SIZE
+from lota.config import CacheConfig, Config
+from lota.connections import HeadClock, chunk_descriptors, connection_cap, own_descriptors
+from lota.regions.origin import POOL_SIZE as ORIGIN_POOL_SIZE
 
 
 def test_a_new_connection_has_header_timeout_from_when_it_opened() -> None:
@@ -47,6 +53,41 @@ def test_the_cap_leaves_the_reserve_but_at_least_a_quarter_of_the_descriptors() 
     assert connection_cap(1_048_576, reserve=1152) == 1_048_576 - 1152
     assert connection_cap(65536, reserve=1152) == 65536 - 1152
     assert connection_cap(1024, reserve=1152) == 256
-    # 20,000 with two workers: 70% kept for chunk files, 128 + 512 for the rest.
-    assert connection_cap(20_000, reserve=14_640) == 5_360
     assert connection_cap(resource.RLIM_INFINITY, reserve=1152) == (1 << 20) - 1152
+
+
+@pytest.mark.parametrize("soft", [4096, 8192, 20_000, 65_536, 1_048_576])
+@pytest.mark.parametrize("workers", [1, 2, 8])
+@pytest.mark.parametrize("cluster", [False, True])
+def test_chunk_files_and_connections_share_the_descriptor_limit_without_overcommitting(
+    monkeypatch: pytest.MonkeyPatch, soft: int, workers: int, cluster: bool
+) -> None:
+    """Every descriptor a worker may hold fits under its limit: chunk files kept open
+    (its own and each sibling's), client connections (at least a quarter), origin, peer
+    and sibling sockets and LOTA's own files; where the limit allows, most of it holds
+    chunk files (a node serves tens of thousands of objects to hundreds of connections)."""
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
+    config = Config(
+        workers=workers,
+        cache=CacheConfig(dirs=("/cache",)),
+        cluster=ClusterConfig(members=("10.0.0.2:9000",), secret="s" * 16)
+        if cluster
+        else ClusterConfig(),
+    )
+    assert config.cluster.on == cluster
+    # LOTA's own include a session's pool to and from each sibling (aiohttp's 100) and,
+    # in a cluster, the pool of sockets to other nodes.
+    sockets = (workers - 1) * 2 * 100 + (PEER_POOL_SIZE if cluster else 0)
+    assert own_descriptors(config) >= sockets + ORIGIN_POOL_SIZE
+    chunk_files = chunk_descriptors(config) * workers
+    reserve = own_descriptors(config) + chunk_files
+    cap = connection_cap(soft, reserve)
+    # Only where LOTA's own sockets leave no room for 512 chunk files does it take more
+    # (and say so at start).
+    assert (cap + reserve <= soft) == (own_descriptors(config) + cap + 512 <= soft)
+    assert cap >= soft // 4
+    if soft >= 20_000:
+        assert chunk_files >= min(soft // 2, 131_072 * workers)
+    # A connection cap set by hand leaves its room too.
+    limited = Config(workers=workers, cache=CacheConfig(dirs=("/cache",)), max_connections=1000)
+    assert chunk_descriptors(limited) * workers + own_descriptors(limited) + 1000 <= soft

@@ -186,10 +186,16 @@ def test_a_borrowed_socket_writes_on_the_connection_and_never_closes_it(
 ) -> None:
     """The listener writes on its transport's socket through a Borrowed one: collected
     without being detached (a bug, say), it leaves the descriptor open, the transport's
-    to close; a socket that takes nothing more sends nothing, and says so."""
+    to close; a socket that takes nothing more sends nothing at once, and says so."""
     fd, _ = data_file
     with _connected(small=True) as (a, b):
-        borrowed = zerocopy.borrow(a.fileno())
+        default = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(5.0)  # were it taken, a full socket would wait for 5 s
+        try:
+            borrowed = zerocopy.borrow(a.fileno())
+        finally:
+            socket.setdefaulttimeout(default)
+        assert borrowed.gettimeout() == 0.0
         while zerocopy.send(borrowed, b"h", FileSpan(fd, 0, SIZE)):
             pass  # until the socket takes nothing more
         assert zerocopy.send(borrowed, b"h", FileSpan(fd, 0, 1)) == 0
@@ -230,11 +236,16 @@ async def test_a_span_never_overtakes_what_the_transport_still_holds(
         b.settimeout(10)
         first = b.recv(1 << 20)  # room in the socket again, the loop not run since
         handler = S3RequestHandler.__new__(S3RequestHandler)
-        handler._socket = a.fileno()
+        handler._socket = zerocopy.borrow(a.fileno())
         assert handler._write(transport, (b"HEAD", FileSpan(fd, 0, SIZE)))
         expected = blob + b"HEAD" + data
         got = first + await asyncio.to_thread(_read_exactly, b, len(expected) - len(first))
+        # Once the transport is closing, its descriptor may be closed already (uvloop
+        # closes it at once) and taken by a new connection: never written on directly.
+        assert handler._can_span(transport)
         transport.close()
+        assert not handler._can_span(transport)
+        handler._socket.detach()
     assert got == expected
 
 

@@ -11,9 +11,9 @@ from lota.cache.store.entries import Chunk
 MIN_OPEN_CHUNKS = 512
 MAX_OPEN_CHUNKS = 131_072
 # The share of a worker's descriptor limit kept open for chunk files (its own, and those
-# its siblings handed over). A node serves tens of thousands of objects to hundreds of
-# connections: the rest is for client connections (at least a quarter,
-# lota.connections.MIN_SHARE), origin sockets and LOTA's own files.
+# its siblings handed over), at most. A node serves tens of thousands of objects to
+# hundreds of connections: the rest is for client connections, origin, peer and sibling
+# sockets and LOTA's own files (lota.connections.chunk_descriptors leaves them room).
 CHUNK_SHARE = 0.7
 # Of the descriptors opened again into a full cache (a hot set larger than the descriptors
 # kept), one in KEEP_EVERY is kept as the most recently read and the others as the next
@@ -24,19 +24,23 @@ CHUNK_SHARE = 0.7
 KEEP_EVERY = 8
 
 
-def open_chunk_limit(workers: int = 1) -> int:
+def open_chunk_limit(workers: int = 1, room: int | None = None) -> int:
     """Chunk descriptors a worker keeps open for hits on one worker's chunks (its own, or
     one sibling's): :data:`CHUNK_SHARE` of this process's descriptor limit (raised to the
-    hard one at start, :func:`lota.connections.raise_descriptor_limit`), shared equally by
-    the node's `workers` (a hit is as likely on any worker's chunk), each share between
-    512 and 131,072 (a hot set of 100,000 small objects under the limit of 1,048,576
-    containers commonly get). A hot set of small objects larger than this reopens a file
-    for every hit; kept descriptors pin nothing (an evicted chunk's is closed)."""
+    hard one at start, :func:`lota.connections.raise_descriptor_limit`), or the `room` left
+    by everything else if less, shared equally by the node's `workers` (a hit is as likely
+    on any worker's chunk); in all between 512 and 131,072 a share (a hot set of 100,000
+    small objects, with one worker under the limit of 1,048,576 containers commonly get).
+    A hot set of small objects larger than this reopens a file for every hit; kept
+    descriptors pin nothing (an evicted chunk's is closed)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft < 0:
-        return MAX_OPEN_CHUNKS
-    share = int(soft * CHUNK_SHARE) // max(1, workers)
-    return max(MIN_OPEN_CHUNKS, min(MAX_OPEN_CHUNKS, share))
+        total = MAX_OPEN_CHUNKS * workers
+    else:
+        total = int(soft * CHUNK_SHARE)
+    if room is not None:
+        total = min(total, room)
+    return min(MAX_OPEN_CHUNKS, max(MIN_OPEN_CHUNKS, total) // max(1, workers))
 
 
 class FdCache:
