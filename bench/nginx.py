@@ -10,7 +10,11 @@ Both in front of the same origin (:mod:`bench.origin`: files sent with sendfile)
 Every object is read once through each before timing (a cold fill, untimed). Then, with
 the lean load generator (:mod:`bench.loadgen`, in its own process): 64 KiB hits at
 concurrency 16 and 64, over hot sets of 1,000 and 20,000 distinct objects, each read
-through its own presigned SigV4 URL (nginx gets the same URLs); and 1 GiB hits with one
+through its own presigned SigV4 URL (nginx gets the same URLs); each system reads its
+hot set once more, untimed, right before its cells of that size, so that both are timed
+on a hot set, not one whose files sat idle longer than the other's (a machine may page
+out file pages idle for a minute: this one does, DAMON's proactive reclaim, and the fills
+and the smaller set's cells take longer than that); and 1 GiB hits with one
 and four ``curl`` clients. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx; the
 CPU each spent per request, and the load generator's (the two cores are shared: what
 one server's answers cost the load generator to read is taken from that server).
@@ -199,6 +203,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 for urls, pids in systems.values():  # the cold fill, untimed
                     await cell(pool, urls, len(urls), 64, pids)
                 for size in args.sets:
+                    for urls, pids in systems.values():  # the hot set read, untimed
+                        await cell(pool, urls[:size], size, 64, pids)
                     for concurrency in (16, 64):
                         for name, (urls, pids) in systems.items():
                             row = await cell(pool, urls[:size], args.requests, concurrency, pids)
