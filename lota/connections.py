@@ -15,9 +15,10 @@ real client is refused. Here:
   runs out; only when every connection is busy with a request is the new one closed at once.
   Refusing to accept instead would queue a real client behind every idle socket.
 
-The cap defaults to what the descriptor limit leaves after LOTA's own needs (origin
-sockets, open chunk files, the catalog); :func:`raise_descriptor_limit` lifts the soft
-limit to the hard one at start.
+The cap defaults to what the descriptor limit leaves after LOTA's own needs (origin, peer
+and sibling sockets, open chunk files, the catalog), and at least a quarter of it; open
+chunk files take up to 70% (:func:`chunk_descriptors`). :func:`raise_descriptor_limit`
+lifts the soft limit to the hard one at start.
 
 :class:`HeadClock` holds the timing rules (no I/O); :class:`GuardedRequestHandler` applies
 them to one connection; :class:`GuardedServer` counts connections and picks who gives way.

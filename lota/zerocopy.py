@@ -11,8 +11,8 @@ whole from memory, now or before, or written by a fill,
 writes a response's head with ``MSG_MORE`` and then its span with ``sendfile(2)``: one
 segment on the wire for both, two system calls, as many as the copy took.
 
-Where the kernel or the C library lacks either call (:data:`AVAILABLE`), :func:`resident`
-says False and hits are read and written as bytes.
+Where the kernel lacks cachestat(2) or ``MSG_MORE``, or the C library cannot be loaded
+(:data:`AVAILABLE`), :func:`resident` says False and hits are read and written as bytes.
 """
 
 from __future__ import annotations

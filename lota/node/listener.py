@@ -226,8 +226,7 @@ class S3RequestHandler(GuardedRequestHandler):
     def _can_span(self, transport: asyncio.Transport) -> bool:
         """Whether a body that is a span of a file can be sent on this connection now:
         straight on its socket (not under TLS), with nothing waiting to go before it, and
-        not closed (its descriptor is closed at once, this learns it later, and a new
-        connection may have the number by then)."""
+        not closing (a connection being closed takes no more answers)."""
         return (
             self._socket is not None
             and not transport.get_write_buffer_size()

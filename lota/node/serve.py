@@ -6,6 +6,7 @@ import asyncio
 import gc
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 
 from lota.config import Config
 from lota.workers.spec import WorkerSpec
@@ -40,6 +41,8 @@ async def serve(
     # the node's modules would be a third of a worker's memory in it too.
     from lota.node.build import build_node
 
+    if worker is None:  # serving alone, whatever `workers` says
+        config = replace(config, workers=1)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

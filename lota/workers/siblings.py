@@ -5,7 +5,7 @@ descriptor socket (:mod:`lota.workers.fds`) and sent from here zero-copy; chunks
 not hold are read from its peer endpoint over its HTTP Unix socket, where it fills them
 once for everyone (:class:`lota.cluster.peers.PeerSource`). Descriptors are kept, the most
 recently used ones, so a hot chunk is asked for at most once per worker: as many of each
-sibling's as the store keeps of its own (:func:`lota.cache.store.open_chunk_limit`), so
+sibling's as the store keeps of its own (:func:`lota.connections.chunk_descriptors`), so
 that a hot set a worker reads from its own descriptors is read from its siblings' alike.
 Each kept descriptor pins its file's blocks (an evicted chunk's space returns once it is
 closed), so they are bounded in bytes too. Beyond them, the paths of

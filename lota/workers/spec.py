@@ -67,10 +67,11 @@ class WorkerSpec:
 
     def configure(self, config: Config) -> Config:
         """`config` as this worker runs it: its share of the budget, in ``worker-K`` of
-        every cache directory."""
+        every cache directory, one of the supervisor's count of workers (not one per CPU
+        of its own: what it shares, descriptors included, is split by that count)."""
         cache = replace(
             config.cache,
             dirs=tuple(str(Path(d) / f"worker-{self.index}") for d in config.cache.dirs),
             size=config.cache.size // self.count,
         )
-        return replace(config, cache=cache)
+        return replace(config, cache=cache, workers=self.count)

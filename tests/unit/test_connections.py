@@ -9,7 +9,13 @@ import pytest
 from lota.cluster.config import ClusterConfig
 from lota.cluster.peers import POOL_SIZE as PEER_POOL_SIZE
 from lota.config import CacheConfig, Config
-from lota.connections import HeadClock, chunk_descriptors, connection_cap, own_descriptors
+from lota.connections import (
+    HeadClock,
+    chunk_descriptors,
+    connection_cap,
+    connection_limits,
+    own_descriptors,
+)
 from lota.regions.origin import POOL_SIZE as ORIGIN_POOL_SIZE
 
 
@@ -59,13 +65,15 @@ def test_the_cap_leaves_the_reserve_but_at_least_a_quarter_of_the_descriptors() 
 @pytest.mark.parametrize("soft", [4096, 8192, 20_000, 65_536, 1_048_576])
 @pytest.mark.parametrize("workers", [1, 2, 8])
 @pytest.mark.parametrize("cluster", [False, True])
+@pytest.mark.parametrize("by_hand", [False, True])
 def test_chunk_files_and_connections_share_the_descriptor_limit_without_overcommitting(
-    monkeypatch: pytest.MonkeyPatch, soft: int, workers: int, cluster: bool
+    monkeypatch: pytest.MonkeyPatch, soft: int, workers: int, cluster: bool, by_hand: bool
 ) -> None:
     """Every descriptor a worker may hold fits under its limit: chunk files kept open
-    (its own and each sibling's), client connections (at least a quarter), origin, peer
-    and sibling sockets and LOTA's own files; where the limit allows, most of it holds
-    chunk files (a node serves tens of thousands of objects to hundreds of connections)."""
+    (its own and each sibling's), client connections (at least a quarter, or
+    `max_connections` set by hand), origin, peer and sibling sockets and LOTA's own files;
+    where the limit allows, most of it holds chunk files (a node serves tens of thousands
+    of objects to hundreds of connections)."""
     monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
     config = Config(
         workers=workers,
@@ -73,21 +81,19 @@ def test_chunk_files_and_connections_share_the_descriptor_limit_without_overcomm
         cluster=ClusterConfig(members=("10.0.0.2:9000",), secret="s" * 16)
         if cluster
         else ClusterConfig(),
+        max_connections=soft // 2 if by_hand else 0,
     )
     assert config.cluster.on == cluster
     # LOTA's own include a session's pool to and from each sibling (aiohttp's 100) and,
     # in a cluster, the pool of sockets to other nodes.
     sockets = (workers - 1) * 2 * 100 + (PEER_POOL_SIZE if cluster else 0)
-    assert own_descriptors(config) >= sockets + ORIGIN_POOL_SIZE
+    own = own_descriptors(config)
+    assert own >= sockets + ORIGIN_POOL_SIZE
+    cap = connection_limits(config).max_connections
     chunk_files = chunk_descriptors(config) * workers
-    reserve = own_descriptors(config) + chunk_files
-    cap = connection_cap(soft, reserve)
     # Only where LOTA's own sockets leave no room for 512 chunk files does it take more
     # (and say so at start).
-    assert (cap + reserve <= soft) == (own_descriptors(config) + cap + 512 <= soft)
-    assert cap >= soft // 4
-    if soft >= 20_000:
+    assert (cap + own + chunk_files <= soft) == (own + cap + 512 <= soft)
+    assert cap == (soft // 2 if by_hand else max(soft // 4, soft - own - chunk_files))
+    if soft >= 20_000 and not by_hand:
         assert chunk_files >= min(soft // 2, 131_072 * workers)
-    # A connection cap set by hand leaves its room too.
-    limited = Config(workers=workers, cache=CacheConfig(dirs=("/cache",)), max_connections=1000)
-    assert chunk_descriptors(limited) * workers + own_descriptors(limited) + 1000 <= soft

@@ -28,6 +28,7 @@ from lota.cache.store import CacheStore, ObjectMeta
 from lota.clock import Clock
 from lota.cluster.ownership import chunk_key, object_key, worker_of
 from lota.cluster.peers import PeerError
+from lota.config import CacheConfig, Config
 from lota.metrics import Metrics
 from lota.tasks import TaskGroup
 from lota.workers import fds, siblings
@@ -649,3 +650,16 @@ def test_a_supervisor_imports_none_of_what_serves() -> None:
     )
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert found.stdout.strip() == "[]"
+
+
+def test_a_worker_runs_as_one_of_its_supervisors_count(tmp_path: Path) -> None:
+    """A worker's settings: its share of the budget, its own directory in each cache
+    directory, and its supervisor's count of workers, not one per CPU of its own (what
+    the workers share, descriptors included, is split by that count)."""
+    from lota.workers.spec import WorkerSpec
+
+    spec = WorkerSpec(index=1, count=3, listen_fd=-1, run_dir=str(tmp_path), secret="s")
+    config = spec.configure(Config(cache=CacheConfig(dirs=("/a", "/b"), size=3 * 1024**3)))
+    assert config.workers == 3 and config.worker_count == 3
+    assert config.cache.dirs == ("/a/worker-1", "/b/worker-1")
+    assert config.cache.size == 1024**3

@@ -240,8 +240,7 @@ async def test_a_span_never_overtakes_what_the_transport_still_holds(
         assert handler._write(transport, (b"HEAD", FileSpan(fd, 0, SIZE)))
         expected = blob + b"HEAD" + data
         got = first + await asyncio.to_thread(_read_exactly, b, len(expected) - len(first))
-        # Once the transport is closing, its descriptor may be closed already (uvloop
-        # closes it at once) and taken by a new connection: never written on directly.
+        # A connection being closed takes no more answers on its socket.
         assert handler._can_span(transport)
         transport.close()
         assert not handler._can_span(transport)
