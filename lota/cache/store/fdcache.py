@@ -29,8 +29,9 @@ def open_chunk_limit(workers: int = 1, room: int | None = None) -> int:
     one sibling's): :data:`CHUNK_SHARE` of this process's descriptor limit (raised to the
     hard one at start, :func:`lota.connections.raise_descriptor_limit`), or the `room` left
     by everything else if less, shared equally by the node's `workers` (a hit is as likely
-    on any worker's chunk); in all between 512 and 131,072 a share (a hot set of 100,000
-    small objects, with one worker under the limit of 1,048,576 containers commonly get).
+    on any worker's chunk); at least 512 in all, at most 131,072 a share (a hot set of
+    100,000 small objects, with one worker under the limit of 1,048,576 containers commonly
+    get).
     A hot set of small objects larger than this reopens a file for every hit; kept
     descriptors pin nothing (an evicted chunk's is closed)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
