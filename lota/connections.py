@@ -36,7 +36,13 @@ from typing import Any, Literal
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from lota.aiohttp_internals import handler_kwargs, handler_loop, queued_requests, server_loop
+from lota.aiohttp_internals import (
+    handler_kwargs,
+    handler_loop,
+    keep_alive_until,
+    queued_requests,
+    server_loop,
+)
 from lota.cache.store import open_chunk_limit
 from lota.cluster.peers import POOL_SIZE as PEER_POOL_SIZE
 from lota.config import Config
@@ -138,7 +144,7 @@ class HeadClock:
     Times are the caller's clock (the event loop's); nothing here does I/O.
     """
 
-    __slots__ = ("deadline", "header_timeout", "keepalive_timeout", "partial", "reason")
+    __slots__ = ("deadline", "header_timeout", "keepalive_timeout", "partial", "reason", "since")
 
     def __init__(self, header_timeout: float, keepalive_timeout: float) -> None:
         self.header_timeout = header_timeout
@@ -146,6 +152,7 @@ class HeadClock:
         self.deadline: float | None = None  # None: a request is being handled
         self.reason: Reason = "header_timeout"
         self.partial = False  # bytes of a request head have arrived
+        self.since = 0.0  # when the connection last began to wait for a head
 
     @property
     def waiting(self) -> bool:
@@ -153,10 +160,21 @@ class HeadClock:
         return self.deadline is not None
 
     def opened(self, now: float) -> None:
-        self._wait(now + self.header_timeout, "header_timeout")
+        self.since, self.deadline, self.reason, self.partial = (
+            now,
+            now + self.header_timeout,
+            "header_timeout",
+            False,
+        )
 
     def response_done(self, now: float) -> None:
-        self._wait(now + self.keepalive_timeout, "idle_timeout")
+        # Written out: this runs for every request answered.
+        self.since, self.deadline, self.reason, self.partial = (
+            now,
+            now + self.keepalive_timeout,
+            "idle_timeout",
+            False,
+        )
 
     def head_bytes(self, now: float) -> bool:
         """Bytes of a head arrived; True when that moved the deadline. The first byte after
@@ -178,9 +196,6 @@ class HeadClock:
             return None
         return self.reason
 
-    def _wait(self, deadline: float, reason: Reason) -> None:
-        self.deadline, self.reason, self.partial = deadline, reason, False
-
 
 class GuardedRequestHandler(RequestHandler):
     """aiohttp's per-connection protocol with the header and keep-alive timeouts of
@@ -197,14 +212,17 @@ class GuardedRequestHandler(RequestHandler):
         self._timer: Any = None
         self._timer_at = 0.0
         self._last_body: Any = None  # the last request's body, while it may still arrive
+        self._loop_time = handler_loop(self).time
+        self._aiohttp_keepalive = self.keepalive_timeout  # aiohttp's: see head_answered
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self._clock.opened(handler_loop(self).time())
+        self._clock.opened(self._loop_time())
         if not self._guard.admit(self):
             self.force_close()
             return
-        self._waiting()
+        self._guard.waiting(self)
+        self._arm()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._guard.forget(self)
@@ -215,7 +233,7 @@ class GuardedRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         body = self._last_body  # bytes still due for it are not a head's
         head = data and (body is None or body.is_eof())
-        started = head and self._clock.head_bytes(handler_loop(self).time())
+        started = head and self._clock.head_bytes(self._loop_time())
         super().data_received(data)
         # aiohttp queues each request whose head it has parsed: that head is complete.
         if queued_requests(self) and self._clock.waiting:
@@ -230,25 +248,39 @@ class GuardedRequestHandler(RequestHandler):
         result = await super().finish_response(request, resp, start_time)
         if not queued_requests(self) and self.transport is not None:
             self._last_body = request.content
-            self._clock.response_done(handler_loop(self).time())
-            self._waiting()
+            self._wait_again(self._loop_time())
         return result
 
-    def head_answered(self, now: float) -> None:
-        """Requests were answered as they were parsed (see lota.node.listener): with none
-        left queued, the connection waits for its next head, as after any response."""
+    def head_answered(self) -> None:
+        """Requests were answered as they were parsed (see lota.node.listener): aiohttp's
+        own keep-alive timer is put off (it counts from the responses it writes) and, with
+        none left queued, the connection waits for its next head, as after any response.
+        This runs for every small hit."""
+        now = self._loop_time()
+        keep_alive_until(self, now + self._aiohttp_keepalive)
         if not queued_requests(self) and self.transport is not None:
-            self._clock.response_done(now)
-            self._waiting()
+            self._wait_again(now)
+
+    def _wait_again(self, now: float) -> None:
+        """The connection's requests are answered: it waits for its next head from `now`.
+        One that did not stop waiting (answered as its bytes came, never parsed) keeps its
+        place in the server's list until the server looks there (see GuardedServer)."""
+        clock = self._clock
+        listed = clock.deadline is not None  # clock.waiting, written out
+        clock.response_done(now)
+        if not listed:
+            self._guard.waiting(self)
+        if self._timer is None or self._timer_at > now + clock.keepalive_timeout:
+            self._arm()
+
+    def waiting_since(self) -> float:
+        """When the connection last began to wait for a request head."""
+        return self._clock.since
 
     def give_way(self) -> None:
         """Close to make room for a new connection (this one waits for a head)."""
         self._guard.closed("evicted")
         self.force_close()
-
-    def _waiting(self) -> None:
-        self._guard.waiting(self)
-        self._arm()
 
     def _arm(self) -> None:
         deadline = self._clock.deadline
@@ -270,7 +302,7 @@ class GuardedRequestHandler(RequestHandler):
         self._timer = None
         if self.transport is None:
             return
-        reason = self._clock.expired(handler_loop(self).time())
+        reason = self._clock.expired(self._loop_time())
         if reason is None:  # the deadline moved on (or a request is in hand)
             self._arm()
             return
@@ -301,8 +333,9 @@ class GuardedServer(web.Server):
         self._metrics = metrics
         self._request_id = request_id
         self._open: set[GuardedRequestHandler] = set()
-        # Connections waiting for a request head, longest-waiting first.
-        self._waiting: dict[GuardedRequestHandler, None] = {}
+        # Connections waiting for a request head, in the order they began to, each with
+        # when that was (:attr:`HeadClock.since`): see :meth:`_longest_waiting`.
+        self._waiting: dict[GuardedRequestHandler, float] = {}
         self._warned = float("-inf")
         metrics.client_connections.set_function(lambda: len(self._open))
         metrics.client_connection_limit.set(limits.max_connections)
@@ -313,7 +346,7 @@ class GuardedServer(web.Server):
     def admit(self, handler: GuardedRequestHandler) -> bool:
         """Count a new connection in; False when it must close at once."""
         if len(self._open) >= self.limits.max_connections:
-            oldest = next(iter(self._waiting), None)
+            oldest = self._longest_waiting()
             self._warn_full(oldest is not None)
             if oldest is None:
                 self.closed("refused")
@@ -324,8 +357,23 @@ class GuardedServer(web.Server):
         return True
 
     def waiting(self, handler: GuardedRequestHandler) -> None:
+        """`handler` began to wait for a request head."""
         self._waiting.pop(handler, None)
-        self._waiting[handler] = None
+        self._waiting[handler] = handler.waiting_since()
+
+    def _longest_waiting(self) -> GuardedRequestHandler | None:
+        """The connection that has waited longest for a request head. A connection answered
+        without leaving the list (see :meth:`GuardedRequestHandler._wait_again`) is put
+        back at its end when met here: so a hit costs no move, and each such
+        connection is moved once per look at most."""
+        while self._waiting:
+            handler, listed = next(iter(self._waiting.items()))
+            since = handler.waiting_since()
+            if since <= listed:
+                return handler
+            del self._waiting[handler]
+            self._waiting[handler] = since
+        return None
 
     def busy(self, handler: GuardedRequestHandler) -> None:
         self._waiting.pop(handler, None)

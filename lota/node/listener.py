@@ -51,10 +51,8 @@ from lota import zerocopy
 from lota.aiohttp_internals import (
     closing,
     handler_kwargs,
-    handler_loop,
     hold_waiter,
     idle_waiter,
-    keep_alive_until,
     next_bodiless,
     parser_holding,
     queued_messages,
@@ -216,11 +214,12 @@ class S3RequestHandler(GuardedRequestHandler):
             return False
         if self._remote is None:
             self._remote = _remote(self.peername)
-        reply = self._again(data, self._remote, self._can_span(transport))
+        span = self._can_span(transport)
+        reply = self._again(data, self._remote, span)
         if reply is None:
             return False
-        if self._write(transport, reply):
-            self._answered()
+        if self._write(transport, reply, span):
+            self.head_answered()
         return True
 
     def _can_span(self, transport: asyncio.Transport) -> bool:
@@ -233,17 +232,19 @@ class S3RequestHandler(GuardedRequestHandler):
             and not transport.is_closing()
         )
 
-    def _write(self, transport: asyncio.Transport, response: Response) -> bool:
+    def _write(self, transport: asyncio.Transport, response: Response, span: bool) -> bool:
         """Write a response answered here: a span of a file straight from the page cache
-        when nothing else waits to be written before it (:func:`lota.zerocopy.send`), else
-        through the transport; once some of it is out and the rest cannot be read, the
-        connection is cut (never a short body presented as whole): then False."""
+        when nothing else waits to be written before it (`span`: :meth:`_can_span` when
+        the response was asked for, and nothing was written since;
+        :func:`lota.zerocopy.send`), else through the transport; once some of it is out
+        and the rest cannot be read, the connection is cut (never a short body presented
+        as whole): then False."""
         head, body = response
         if not isinstance(body, FileSpan):
             transport.writelines((head, body))
             return True
         sent = 0
-        if self._can_span(transport):  # as when the span was asked for: nothing since
+        if span:
             assert self._socket is not None
             sent = zerocopy.send(self._socket, head, body)
         if sent < len(head):
@@ -256,12 +257,6 @@ class S3RequestHandler(GuardedRequestHandler):
                 return False
             transport.write(rest)
         return True
-
-    def _answered(self) -> None:
-        """Requests were answered here: the connection is in use, and waits for the next."""
-        now = handler_loop(self).time()
-        keep_alive_until(self, now + self.keepalive_timeout)
-        self.head_answered(now)
 
     async def finish_response(
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
@@ -305,7 +300,8 @@ class S3RequestHandler(GuardedRequestHandler):
                 break
             if self._remote is None:
                 self._remote = _remote(self.peername)
-            reply = self._at_once(message, self._remote, waited, raw, self._can_span(transport))
+            span = self._can_span(transport)
+            reply = self._at_once(message, self._remote, waited, raw, span)
             covered -= 1
             if covered <= 0:
                 waited = None
@@ -324,10 +320,10 @@ class S3RequestHandler(GuardedRequestHandler):
                 break
             take_message(self)
             answered = True
-            if not self._write(transport, reply):
+            if not self._write(transport, reply, span):
                 break
         if answered:
-            self._answered()
+            self.head_answered()
         return waits
 
     def _waited(self, waiter: asyncio.Future[None], later: Later, covered: int, _: object) -> None:

@@ -659,6 +659,43 @@ async def test_a_request_that_came_whole_is_answered_again_from_its_bytes_alone(
             other.close()
 
 
+async def test_a_connection_answered_from_its_bytes_keeps_its_turn_to_give_way(
+    origin: str,
+    origin_s3: Any,
+    bucket: str,
+    credentials_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past max_connections, a new connection closes the one that has waited longest for a
+    request head. A connection whose hit was answered from its bytes never left the
+    server's list of waiting connections, but waits only since then: it is not the one."""
+    body = os.urandom(5000)
+    await asyncio.to_thread(origin_s3.put_object, Bucket=bucket, Key="k", Body=body)
+    offers: list[Offer] = []
+    _spy_offers(monkeypatch, offers.append)
+    async with _node(origin, credentials_file, tmp_path / "cache", max_connections="3") as node:
+        url = presigned_get(node.url, bucket, "k")
+        used = await Connection.open(node.url)
+        opened = [used]
+        try:
+            await _until_hit(used, url)
+            idle = await Connection.open(node.url)
+            opened.append(idle)
+            await asyncio.sleep(0.1)  # accepted: waiting since now
+            offers.clear()
+            assert (await used.get(request(url)))[2] == body
+            assert [(o.how, o.reply is not None) for o in offers] == [("again", True)]
+            opened.append(await Connection.open(node.url))
+            await asyncio.sleep(0.1)
+            opened.append(await Connection.open(node.url))  # one too many: `idle` gives way
+            assert await asyncio.wait_for(idle.reader.read(), 5) == b""
+            assert (await used.get(request(url)))[2] == body
+        finally:
+            for conn in opened:
+                conn.close()
+
+
 async def test_a_miss_the_front_end_answered_is_answered_from_its_bytes_the_next_time(
     origin: str,
     origin_s3: Any,

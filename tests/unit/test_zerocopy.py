@@ -237,7 +237,9 @@ async def test_a_span_never_overtakes_what_the_transport_still_holds(
         first = b.recv(1 << 20)  # room in the socket again, the loop not run since
         handler = S3RequestHandler.__new__(S3RequestHandler)
         handler._socket = zerocopy.borrow(a.fileno())
-        assert handler._write(transport, (b"HEAD", FileSpan(fd, 0, SIZE)))
+        span = handler._can_span(transport)  # as the listener asks, then writes at once
+        assert not span
+        assert handler._write(transport, (b"HEAD", FileSpan(fd, 0, SIZE)), span)
         expected = blob + b"HEAD" + data
         got = first + await asyncio.to_thread(_read_exactly, b, len(expected) - len(first))
         # A connection being closed takes no more answers on its socket.
