@@ -426,9 +426,10 @@ class Metrics:
         self._later.append(count)
         return count
 
-    def later_histogram(self, child: Histogram) -> LaterHistogram:
-        """`child` (a histogram's labelled series) observed on a hot path."""
-        histogram = LaterHistogram(child)
+    def later_histogram(self, *children: Histogram) -> LaterHistogram:
+        """`children` (labelled series of histograms with the same buckets) observed alike
+        on a hot path."""
+        histogram = LaterHistogram(*children)
         self._later.append(histogram)
         return histogram
 
@@ -457,13 +458,16 @@ class LaterCount:
 
 
 class LaterHistogram:
-    """A histogram's series observed as plain numbers, folded in as :class:`LaterCount`'s."""
+    """Histograms' series, each observing every value (a request's time, as all requests'
+    and as hits'), observed as plain numbers, folded in as :class:`LaterCount`'s."""
 
-    __slots__ = ("_bounds", "_child", "_counts", "_sum")
+    __slots__ = ("_bounds", "_children", "_counts", "_sum")
 
-    def __init__(self, child: Histogram) -> None:
-        self._child = child
-        self._bounds: list[float] = list(child._upper_bounds)  # its buckets' upper bounds
+    def __init__(self, *children: Histogram) -> None:
+        self._children = children
+        self._bounds: list[float] = list(children[0]._upper_bounds)  # their buckets' bounds
+        if any(list(child._upper_bounds) != self._bounds for child in children):
+            raise ValueError("histograms observed alike must have the same buckets")
         self._counts = [0] * len(self._bounds)
         self._sum = 0.0
 
@@ -475,12 +479,13 @@ class LaterHistogram:
     def fold(self) -> None:
         if not any(self._counts):
             return
-        buckets = self._child._buckets  # prometheus-client adds each bucket's count as this
-        for i, n in enumerate(self._counts):
-            if n:
-                buckets[i].inc(n)
-                self._counts[i] = 0
-        self._child._sum.inc(self._sum)
+        for child in self._children:
+            buckets = child._buckets  # prometheus-client adds each bucket's count as this
+            for i, n in enumerate(self._counts):
+                if n:
+                    buckets[i].inc(n)
+            child._sum.inc(self._sum)
+        self._counts = [0] * len(self._bounds)
         self._sum = 0.0
 
 
