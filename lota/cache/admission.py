@@ -85,9 +85,12 @@ class FrequencySketch:
         return min(table[a], table[b], table[c], table[d])
 
     def add(self, fingerprint: int) -> None:
-        # Unrolled: this runs on every cache hit.
+        # Unrolled, _slots written out: this runs on every cache hit.
         table = self._table
-        a, b, c, d = self._slots(fingerprint)
+        h = (fingerprint * _MIX) & _U64
+        step = (h >> 32) | 1
+        mask = self._mask
+        a, b, c, d = h & mask, (h + step) & mask, (h + 2 * step) & mask, (h + 3 * step) & mask
         ta, tb, tc, td = table[a], table[b], table[c], table[d]
         low = min(ta, tb, tc, td)
         if low < _MAX_COUNT:
@@ -141,16 +144,15 @@ class Admission(Generic[K]):
     def hit(self, key: K, size: int) -> None:
         """A cached chunk of `size` bytes was read."""
         self._sketch.add(self._fingerprint(key))
-        self._clock += size
+        clock = self._clock = self._clock + size
         last = self._read_at.get(key)
-        self._read_at[key] = self._clock
-        if last is not None:
-            self._reread(self._clock - last)
-
-    def _reread(self, interval: int) -> None:
-        """Learn one interval. A chunk read n times as often gives n times as many, each
-        1/n as long: weighting each by its length makes every cached chunk weigh the same."""
-        d = float(interval)
+        self._read_at[key] = clock
+        if last is None:
+            return
+        # Learn the interval since its last read (written out: this runs on every hit). A
+        # chunk read n times as often gives n times as many, each 1/n as long: weighting
+        # each by its length makes every cached chunk weigh the same.
+        d = float(clock - last)
         if self._intervals is None:
             self._intervals = (d, d * d)
             return

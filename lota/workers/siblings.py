@@ -80,7 +80,9 @@ class OpenChunk:
 
     def close(self) -> None:
         self.users -= 1
-        self._maybe_close()
+        if not self.kept and self.users == 0 and self.fd >= 0:  # _maybe_close, written out
+            os.close(self.fd)
+            self.fd = -1
 
     def drop(self) -> None:
         """No longer kept: closed when its last user is done."""
@@ -135,7 +137,8 @@ class SiblingSource:
                 if not 0 <= now - kept.used_at <= WARM_FOR:
                     kept.warm = None  # idle since: its pages may have gone (WARM_FOR)
                 kept.used_at = now
-                return kept.use()
+                kept.users += 1  # use(), written out: this runs for every hit on it
+                return kept
             self._forget(chunk)  # dropped: its file turned out short
         known = self._paths.get(chunk)
         if known is None:
