@@ -4,7 +4,7 @@ LOTA serves on aiohttp's low-level server and reaches below it in a few places, 
 reason the public API cannot serve. Going through these names keeps the list short and
 findable when aiohttp changes:
 
-- :func:`queued_requests`: ``RequestHandler._messages``, the request heads a connection
+- :func:`request_queue`: ``RequestHandler._messages``, the request heads a connection
   has parsed and not yet answered; the header timeout (:mod:`lota.connections`) needs to
   know when a head is complete.
 - :func:`handler_loop` and :func:`server_loop`: ``RequestHandler._loop`` and
@@ -44,6 +44,7 @@ older. Check this list against aiohttp's source before raising or lifting the pi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sized
 from typing import Any
 
 from aiohttp import web
@@ -54,9 +55,12 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 
 
-def queued_requests(handler: RequestHandler) -> int:
-    """How many parsed request heads wait on this connection to be answered."""
-    return len(handler._messages)
+def request_queue(handler: RequestHandler) -> Sized:
+    """The parsed request heads that wait on this connection to be answered: its length is
+    how many. aiohttp makes the queue once per connection, so it may be kept (its length
+    is read for every request)."""
+    queue: Sized = handler._messages
+    return queue
 
 
 def request_message(request: web.BaseRequest) -> RawRequestMessage:

@@ -40,7 +40,7 @@ from lota.aiohttp_internals import (
     handler_kwargs,
     handler_loop,
     keep_alive_until,
-    queued_requests,
+    request_queue,
     server_loop,
 )
 from lota.cache.store import open_chunk_limit
@@ -213,6 +213,7 @@ class GuardedRequestHandler(RequestHandler):
         self._timer_at = 0.0
         self._last_body: Any = None  # the last request's body, while it may still arrive
         self._loop_time = handler_loop(self).time
+        self._queued = request_queue(self)
         self._aiohttp_keepalive = self.keepalive_timeout  # aiohttp's: see head_answered
 
     def connection_made(self, transport: Any) -> None:
@@ -236,7 +237,7 @@ class GuardedRequestHandler(RequestHandler):
         started = head and self._clock.head_bytes(self._loop_time())
         super().data_received(data)
         # aiohttp queues each request whose head it has parsed: that head is complete.
-        if queued_requests(self) and self._clock.waiting:
+        if self._queued and self._clock.waiting:
             self._clock.head_complete()
             self._guard.busy(self)
         elif started:  # part of a head: the header clock runs
@@ -246,7 +247,7 @@ class GuardedRequestHandler(RequestHandler):
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
         result = await super().finish_response(request, resp, start_time)
-        if not queued_requests(self) and self.transport is not None:
+        if not self._queued and self.transport is not None:
             self._last_body = request.content
             self._wait_again(self._loop_time())
         return result
@@ -258,7 +259,7 @@ class GuardedRequestHandler(RequestHandler):
         This runs for every small hit."""
         now = self._loop_time()
         keep_alive_until(self, now + self._aiohttp_keepalive)
-        if not queued_requests(self) and self.transport is not None:
+        if not self._queued and self.transport is not None:
             self._wait_again(now)
 
     def _wait_again(self, now: float) -> None:

@@ -22,6 +22,8 @@ import logging
 import logging.handlers
 import queue
 import time
+from collections.abc import Callable
+from functools import partial
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 ACCESS = "lota.access"
@@ -74,14 +76,13 @@ class AccessLog:
 
     def __init__(self) -> None:
         self._logger = logging.getLogger(ACCESS)
+        # Whether lines are written (a caller may skip making one): the logger's own check,
+        # bound once (it is asked for every request).
+        self.enabled: Callable[[], bool] = partial(self._logger.isEnabledFor, logging.INFO)
         self._lines: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
         self._second = -1
         self._stamp = ""
-
-    def enabled(self) -> bool:
-        """Whether lines are written (a caller may skip making one)."""
-        return self._logger.isEnabledFor(logging.INFO)
 
     def write(
         self,

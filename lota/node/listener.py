@@ -56,7 +56,6 @@ from lota.aiohttp_internals import (
     next_bodiless,
     parser_holding,
     queued_messages,
-    queued_requests,
     release_waiter,
     request_message,
     resume_reading_if_drained,
@@ -171,7 +170,7 @@ class S3RequestHandler(GuardedRequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._resuming or self.answering or queued_requests(self) or self.writing_paused:
+        if self._resuming or self.answering or self._queued or self.writing_paused:
             self._between = False  # known again once bytes are parsed with nothing in hand
             super().data_received(data)
             return
@@ -188,8 +187,8 @@ class S3RequestHandler(GuardedRequestHandler):
             super().data_received(data)
             # Between requests after `data` only from a known boundary, or if `data` ended
             # a request: bytes of a body can end as a head does.
-            self._between = (between or queued_requests(self) > 0) and self._whole_heads(data)
-            raw = data if between and self._between and queued_requests(self) == 1 else None
+            self._between = (between or len(self._queued) > 0) and self._whole_heads(data)
+            raw = data if between and self._between and len(self._queued) == 1 else None
             waits = self._answer_at_once(waiter, None, 0, raw)
         finally:
             if waiter is not None and not waits:
@@ -293,7 +292,7 @@ class S3RequestHandler(GuardedRequestHandler):
         while transport is not None and not self.writing_paused:
             message = next_bodiless(self)
             if message is None:
-                if queued_requests(self) or not self._parse_held_back():
+                if self._queued or not self._parse_held_back():
                     break
                 continue
             if message.should_close:
@@ -313,7 +312,7 @@ class S3RequestHandler(GuardedRequestHandler):
                 if waiter is None:
                     reply.finish()
                 else:
-                    waiting = partial(self._waited, waiter, reply, queued_requests(self))
+                    waiting = partial(self._waited, waiter, reply, len(self._queued))
                     reply.ready.add_done_callback(waiting)
                     self._held = waiter
                     waits = True
@@ -365,7 +364,7 @@ class S3RequestHandler(GuardedRequestHandler):
             resume_reading_if_drained(self)
         finally:
             self._resuming = False
-        return bool(queued_requests(self))
+        return bool(self._queued)
 
     def handle_error(
         self,
