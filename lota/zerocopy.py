@@ -130,8 +130,13 @@ def resident(fd: int, offset: int, count: int) -> bool:
     event loop's thread only."""
     if not AVAILABLE:
         return False
-    cached = _cachestat(fd, offset, count)
-    return cached is not None and cached >= (offset + count - 1) // PAGE - offset // PAGE + 1
+    # _cachestat, written out: this runs for every small hit.
+    _WORDS[0] = offset
+    _WORDS[1] = count
+    if _syscall(_SYS_CACHESTAT, fd, _RANGE, _STAT, 0) != 0:  # type: ignore[misc]
+        return False
+    cached: int = _WORDS[2]
+    return cached >= (offset + count - 1) // PAGE - offset // PAGE + 1
 
 
 def send(sock: socket.socket, head: bytes, span: FileSpan) -> int:

@@ -41,6 +41,7 @@ from lota.cache.store import (
 from lota.cache.store import (
     reader as chunk_reader,
 )
+from lota.cache.store.entries import chunk_id, fingerprint
 from lota.cache.store.reader import WARM_FOR
 from lota.clock import FakeClock
 from lota.zerocopy import FileSpan
@@ -199,6 +200,16 @@ async def test_filled_chunks_read_back_exactly(make_store: MakeStore) -> None:
         assert await read(store, obj, index) == content(obj.meta, index)
     stats = store.stats()
     assert (stats["fills"], stats["hits"], stats["chunks"], stats["reserved_bytes"]) == (4, 4, 4, 0)
+
+
+async def test_a_chunk_is_counted_under_its_id_on_every_path(make_store: MakeStore) -> None:
+    """The admission rule counts a cached chunk's hits by `fingerprint` and a fill's reads
+    by `chunk_id`: the same number, or a chunk read both ways would count as two."""
+    store = await make_store()
+    obj = await store.admit(meta())
+    await fill_all(store, obj)
+    for index in range(4):
+        assert fingerprint(obj.chunks[index]) == chunk_id(obj, index)
 
 
 async def test_reopened_store_serves_the_same_chunks_and_metadata(make_store: MakeStore) -> None:

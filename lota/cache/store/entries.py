@@ -111,7 +111,9 @@ def chunk_id(obj: CachedObject, index: int) -> int:
 
 
 def fingerprint(chunk: Chunk) -> int:
-    return chunk_id(chunk.obj, chunk.index)
+    """:func:`chunk_id` of `chunk`, written out: this runs on every hit."""
+    m = chunk.obj.meta
+    return hash((m.bucket, m.key, m.etag, chunk.index))
 
 
 def object_row(obj: CachedObject) -> ObjectRow:

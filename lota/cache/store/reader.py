@@ -183,7 +183,8 @@ class Readers:
         """Whether `chunk` is read here without a thread: checked, its descriptor open
         (then it is the most recently read; one opened again here is kept as FdCache
         says)."""
-        if self._digest_to_check(chunk) is not None:
+        verify = self._verify  # _digest_to_check, written out: this runs on every hit
+        if verify == "always" or (verify == "after-restart" and not chunk.verified):
             return False
         if chunk.fd >= 0:
             self._fds.used(chunk)
