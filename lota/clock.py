@@ -16,9 +16,10 @@ from lota.settings import parse_duration
 
 
 class Clock:
-    """Wall-clock time in seconds since the epoch."""
+    """Wall-clock time in seconds since the epoch. Its ``time`` is :func:`time.time` itself,
+    bound at import (read on every hit, it adds no Python call; patching ``time.time``
+    later does not reach it: tests pass a :class:`FakeClock`)."""
 
-    # The system's function itself, not a method: read on every hit, it adds no Python call.
     time = staticmethod(time.time)
 
     @classmethod

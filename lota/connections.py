@@ -26,6 +26,8 @@ them to one connection; :class:`GuardedServer` counts connections and picks who 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import resource
 import time
@@ -334,9 +336,13 @@ class GuardedServer(web.Server):
         self._metrics = metrics
         self._request_id = request_id
         self._open: set[GuardedRequestHandler] = set()
-        # Connections waiting for a request head, in the order they began to, each with
-        # when that was (:attr:`HeadClock.since`): see :meth:`_longest_waiting`.
+        # Connections waiting for a request head, each with when it began to as last
+        # listed (:attr:`HeadClock.since`), and the same as a heap, earliest first, where
+        # an entry whose connection has since stopped waiting, or was listed again, stays
+        # until it comes up: see :meth:`_longest_waiting`.
         self._waiting: dict[GuardedRequestHandler, float] = {}
+        self._heap: list[tuple[float, int, GuardedRequestHandler]] = []
+        self._listed = itertools.count()  # breaks ties between entries of the heap
         self._warned = float("-inf")
         metrics.client_connections.set_function(lambda: len(self._open))
         metrics.client_connection_limit.set(limits.max_connections)
@@ -359,29 +365,45 @@ class GuardedServer(web.Server):
 
     def waiting(self, handler: GuardedRequestHandler) -> None:
         """`handler` began to wait for a request head."""
-        self._waiting.pop(handler, None)
-        self._waiting[handler] = handler.waiting_since()
+        since = handler.waiting_since()
+        self._waiting[handler] = since
+        heapq.heappush(self._heap, (since, next(self._listed), handler))
+        self._tidy()
 
     def _longest_waiting(self) -> GuardedRequestHandler | None:
-        """The connection that has waited longest for a request head. A connection answered
-        without leaving the list (see :meth:`GuardedRequestHandler._wait_again`) is put
-        back at its end when met here: so a hit costs no move, and each such
-        connection is moved once per look at most."""
-        while self._waiting:
-            handler, listed = next(iter(self._waiting.items()))
-            since = handler.waiting_since()
-            if since <= listed:
+        """The connection that has waited longest for a request head. One answered without
+        leaving the list (from its bytes, see :meth:`GuardedRequestHandler._wait_again`)
+        waits since later than it was listed: when it comes up here it is listed again,
+        in its place; so a hit costs nothing here. A listed time is never later than the
+        connection's own, so the first whose time holds is the one."""
+        heap, listed = self._heap, self._waiting
+        while heap:
+            since, _, handler = heap[0]
+            if listed.get(handler) != since:  # no longer waiting, or listed again since
+                heapq.heappop(heap)
+                continue
+            now = handler.waiting_since()
+            if now <= since:
                 return handler
-            del self._waiting[handler]
-            self._waiting[handler] = since
+            listed[handler] = now
+            heapq.heapreplace(heap, (now, next(self._listed), handler))
         return None
 
     def busy(self, handler: GuardedRequestHandler) -> None:
         self._waiting.pop(handler, None)
+        self._tidy()
 
     def forget(self, handler: GuardedRequestHandler) -> None:
         self._waiting.pop(handler, None)
         self._open.discard(handler)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Keep the heap within twice the connections listed: it holds no connection long
+        after it stopped waiting."""
+        if len(self._heap) > 2 * len(self._waiting) + 64:
+            self._heap = [(since, next(self._listed), h) for h, since in self._waiting.items()]
+            heapq.heapify(self._heap)
 
     def closed(self, reason: str) -> None:
         self._metrics.client_connections_closed.labels(reason).inc()

@@ -10,12 +10,15 @@ from lota.cluster.config import ClusterConfig
 from lota.cluster.peers import POOL_SIZE as PEER_POOL_SIZE
 from lota.config import CacheConfig, Config
 from lota.connections import (
+    ConnectionLimits,
+    GuardedServer,
     HeadClock,
     chunk_descriptors,
     connection_cap,
     connection_limits,
     own_descriptors,
 )
+from lota.metrics import Metrics
 from lota.regions.origin import POOL_SIZE as ORIGIN_POOL_SIZE
 
 
@@ -53,6 +56,50 @@ def test_the_first_byte_after_an_idle_spell_starts_the_header_clock() -> None:
     assert clock.expired(275.0) is None  # past the idle deadline: the head has its time
     assert clock.expired(280.0) == "header_timeout"
     assert clock.head_bytes(271.0) is False
+
+
+class Waiter:
+    """A connection as GuardedServer sees it: waiting for a head since `since`."""
+
+    def __init__(self, name: str, since: float) -> None:
+        self.name, self.since, self.gave_way = name, since, False
+
+    def waiting_since(self) -> float:
+        return self.since
+
+    def give_way(self) -> None:
+        self.gave_way = True
+
+
+async def test_the_connection_that_gives_way_is_the_one_waiting_longest() -> None:
+    """Past the cap, the connection that has waited longest for a head gives way, counting
+    from its last answer: a connection answered from its bytes stays listed as when it
+    began to wait, but waits only since that answer."""
+    server = GuardedServer(
+        None,
+        limits=ConnectionLimits(header_timeout=10, keepalive_timeout=75, max_connections=3),
+        metrics=Metrics(),
+        request_id=lambda: "id",
+    )
+    a, b, c = Waiter("a", 1.0), Waiter("b", 2.0), Waiter("c", 6.0)
+    for conn in (a, b):
+        assert server.admit(conn)  # type: ignore[arg-type]
+        server.waiting(conn)  # type: ignore[arg-type]
+    a.since, b.since = 2.5, 5.0  # both answered from their bytes, `a` first
+    assert server.admit(c)  # type: ignore[arg-type]
+    server.waiting(c)  # type: ignore[arg-type]
+
+    def next_to_go() -> str:
+        newcomer = Waiter("new", 100.0)
+        assert server.admit(newcomer)  # type: ignore[arg-type]
+        server.waiting(newcomer)  # type: ignore[arg-type]
+        gone = [conn.name for conn in (a, b, c) if conn.gave_way]
+        assert len(gone) == 1
+        return gone[0]
+
+    assert next_to_go() == "a"  # waiting since 2.5; b since 5, c since 6
+    a.gave_way = False
+    assert next_to_go() == "b"
 
 
 def test_the_cap_leaves_the_reserve_but_at_least_a_quarter_of_the_descriptors() -> None:
