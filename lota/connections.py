@@ -240,8 +240,7 @@ class GuardedRequestHandler(RequestHandler):
         super().data_received(data)
         # aiohttp queues each request whose head it has parsed: that head is complete.
         if self._queued and self._clock.waiting:
-            self._clock.head_complete()
-            self._guard.busy(self)
+            self._clock.head_complete()  # the server sees it busy when it looks
         elif started:  # part of a head: the header clock runs
             self._arm()
 
@@ -276,9 +275,11 @@ class GuardedRequestHandler(RequestHandler):
         if self._timer is None or self._timer_at > now + clock.keepalive_timeout:
             self._arm()
 
-    def waiting_since(self) -> float:
-        """When the connection last began to wait for a request head."""
-        return self._clock.since
+    def waiting_since(self) -> float | None:
+        """When the connection last began to wait for a request head; None while it is
+        handling a request."""
+        clock = self._clock
+        return clock.since if clock.deadline is not None else None
 
     def give_way(self) -> None:
         """Close to make room for a new connection (this one waits for a head)."""
@@ -336,10 +337,10 @@ class GuardedServer(web.Server):
         self._metrics = metrics
         self._request_id = request_id
         self._open: set[GuardedRequestHandler] = set()
-        # Connections waiting for a request head, each with when it began to as last
-        # listed (:attr:`HeadClock.since`), and the same as a heap, earliest first, where
-        # an entry whose connection has since stopped waiting, or was listed again, stays
-        # until it comes up: see :meth:`_longest_waiting`.
+        # Connections listed as waiting for a request head, each with when it began to as
+        # last listed (:attr:`HeadClock.since`), and the same as a heap, earliest first,
+        # one entry each; a forgotten connection's entry stays until it comes up (or the
+        # heap is rebuilt, at twice the connections listed): see :meth:`_longest_waiting`.
         self._waiting: dict[GuardedRequestHandler, float] = {}
         self._heap: list[tuple[float, int, GuardedRequestHandler]] = []
         self._listed = itertools.count()  # breaks ties between entries of the heap
@@ -364,44 +365,46 @@ class GuardedServer(web.Server):
         return True
 
     def waiting(self, handler: GuardedRequestHandler) -> None:
-        """`handler` began to wait for a request head."""
-        since = handler.waiting_since()
-        self._waiting[handler] = since
-        heapq.heappush(self._heap, (since, next(self._listed), handler))
-        self._tidy()
+        """`handler` began to wait for a request head: listed, unless it still is (a
+        connection that took a request is not unlisted then; see
+        :meth:`_longest_waiting`)."""
+        if handler not in self._waiting:
+            since = handler.waiting_since()
+            assert since is not None
+            self._waiting[handler] = since
+            heapq.heappush(self._heap, (since, next(self._listed), handler))
 
     def _longest_waiting(self) -> GuardedRequestHandler | None:
-        """The connection that has waited longest for a request head. One answered without
-        leaving the list (from its bytes, see :meth:`GuardedRequestHandler._wait_again`)
-        waits since later than it was listed: when it comes up here it is listed again,
-        in its place; so a hit costs nothing here. A listed time is never later than the
-        connection's own, so the first whose time holds is the one."""
+        """The connection that has waited longest for a request head. The list is put right
+        here, not as requests come and go: a listed connection handling a request is
+        unlisted when it comes up, and one that waits since later than it was listed (it
+        took a request since, or was answered from its bytes, see
+        :meth:`GuardedRequestHandler._wait_again`) is listed again, in its place. A
+        listed time is never later than the connection's own, so the first whose time
+        holds is the one."""
         heap, listed = self._heap, self._waiting
         while heap:
             since, _, handler = heap[0]
-            if listed.get(handler) != since:  # no longer waiting, or listed again since
+            if listed.get(handler) != since:  # forgotten
                 heapq.heappop(heap)
                 continue
             now = handler.waiting_since()
-            if now <= since:
+            if now is None:  # handling a request
+                heapq.heappop(heap)
+                del listed[handler]
+            elif now <= since:
                 return handler
-            listed[handler] = now
-            heapq.heapreplace(heap, (now, next(self._listed), handler))
+            else:
+                listed[handler] = now
+                heapq.heapreplace(heap, (now, next(self._listed), handler))
         return None
 
-    def busy(self, handler: GuardedRequestHandler) -> None:
-        self._waiting.pop(handler, None)
-        self._tidy()
-
     def forget(self, handler: GuardedRequestHandler) -> None:
-        self._waiting.pop(handler, None)
         self._open.discard(handler)
-        self._tidy()
-
-    def _tidy(self) -> None:
-        """Keep the heap within twice the connections listed: it holds no connection long
-        after it stopped waiting."""
-        if len(self._heap) > 2 * len(self._waiting) + 64:
+        if (
+            self._waiting.pop(handler, None) is not None
+            and len(self._heap) > 2 * len(self._waiting) + 64
+        ):  # the forgotten's entries: at most as many again as those listed, and 64
             self._heap = [(since, next(self._listed), h) for h, since in self._waiting.items()]
             heapq.heapify(self._heap)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import resource
 
 import pytest
@@ -59,47 +60,96 @@ def test_the_first_byte_after_an_idle_spell_starts_the_header_clock() -> None:
 
 
 class Waiter:
-    """A connection as GuardedServer sees it: waiting for a head since `since`."""
+    """A connection as GuardedServer sees it: waiting for a head since `since`, or handling
+    a request (None)."""
 
-    def __init__(self, name: str, since: float) -> None:
+    def __init__(self, name: str, since: float | None) -> None:
         self.name, self.since, self.gave_way = name, since, False
 
-    def waiting_since(self) -> float:
+    def waiting_since(self) -> float | None:
         return self.since
 
     def give_way(self) -> None:
         self.gave_way = True
 
 
+def _server(max_connections: int = 3) -> GuardedServer:
+    limits = ConnectionLimits(
+        header_timeout=10, keepalive_timeout=75, max_connections=max_connections
+    )
+    return GuardedServer(None, limits=limits, metrics=Metrics(), request_id=lambda: "id")
+
+
 async def test_the_connection_that_gives_way_is_the_one_waiting_longest() -> None:
     """Past the cap, the connection that has waited longest for a head gives way, counting
     from its last answer: a connection answered from its bytes stays listed as when it
-    began to wait, but waits only since that answer."""
-    server = GuardedServer(
-        None,
-        limits=ConnectionLimits(header_timeout=10, keepalive_timeout=75, max_connections=3),
-        metrics=Metrics(),
-        request_id=lambda: "id",
-    )
-    a, b, c = Waiter("a", 1.0), Waiter("b", 2.0), Waiter("c", 6.0)
+    began to wait, but waits only since that answer; one handling a request never does."""
+    server = _server()
+    a, b, c = Waiter("a", 1.0), Waiter("b", 2.0), Waiter("c", 3.0)
     for conn in (a, b):
         assert server.admit(conn)  # type: ignore[arg-type]
         server.waiting(conn)  # type: ignore[arg-type]
-    a.since, b.since = 2.5, 5.0  # both answered from their bytes, `a` first
+    a.since, b.since = 5.0, 2.5  # both answered from their bytes, `b` last listed
     assert server.admit(c)  # type: ignore[arg-type]
     server.waiting(c)  # type: ignore[arg-type]
+    gone: list[str] = []
 
-    def next_to_go() -> str:
+    def next_to_go() -> None:
         newcomer = Waiter("new", 100.0)
         assert server.admit(newcomer)  # type: ignore[arg-type]
         server.waiting(newcomer)  # type: ignore[arg-type]
-        gone = [conn.name for conn in (a, b, c) if conn.gave_way]
-        assert len(gone) == 1
-        return gone[0]
+        gone.extend(conn.name for conn in (a, b, c) if conn.gave_way and conn.name not in gone)
 
-    assert next_to_go() == "a"  # waiting since 2.5; b since 5, c since 6
-    a.gave_way = False
-    assert next_to_go() == "b"
+    next_to_go()  # b since 2.5, c since 3, a since 5
+    c.since = None  # c takes a request
+    next_to_go()
+    assert gone == ["b", "a"]
+
+
+async def test_the_server_always_finds_the_connection_waiting_longest() -> None:
+    """Connections opening, answered from their bytes, taking requests, answered and
+    closing, many at the same loop time: the server's choice is always one of those
+    waiting longest, and its heap stays bounded."""
+    rng = random.Random(7)
+    server = _server(max_connections=10**9)
+    conns: list[Waiter] = []
+    now = 0.0
+    for step in range(20_000):
+        now += rng.choice((0.0, 0.0, 1.0))
+        action = rng.random()
+        if action < 0.15 or not conns:  # a connection opens
+            conn = Waiter(str(step), now)
+            conns.append(conn)
+            server.admit(conn)  # type: ignore[arg-type]
+            server.waiting(conn)  # type: ignore[arg-type]
+            continue
+        conn = rng.choice(conns)
+        if action < 0.45 and conn.since is not None:  # answered from its bytes
+            conn.since = now
+        elif action < 0.65 and conn.since is not None:  # takes a request
+            conn.since = None
+        elif action < 0.85 and conn.since is None:  # answered: waits again
+            conn.since = now
+            server.waiting(conn)  # type: ignore[arg-type]
+        elif action >= 0.85:  # closes
+            conns.remove(conn)
+            server.forget(conn)  # type: ignore[arg-type]
+        if step % 7 == 0:
+            waiting = [c.since for c in conns if c.since is not None]
+            found = server._longest_waiting()
+            if not waiting:
+                assert found is None
+            else:
+                assert found is not None and found.waiting_since() == min(waiting)
+        assert len(server._heap) <= 2 * len(server._waiting) + 65
+    # Connections that close without the server looking: their entries do not pile up.
+    crowd = [Waiter(f"crowd {i}", now) for i in range(1000)]
+    for conn in crowd:
+        server.admit(conn)  # type: ignore[arg-type]
+        server.waiting(conn)  # type: ignore[arg-type]
+    for conn in crowd:
+        server.forget(conn)  # type: ignore[arg-type]
+    assert len(server._heap) <= 2 * len(server._waiting) + 65
 
 
 def test_the_cap_leaves_the_reserve_but_at_least_a_quarter_of_the_descriptors() -> None:
