@@ -265,8 +265,9 @@ class GuardedRequestHandler(RequestHandler):
 
     def _wait_again(self, now: float) -> None:
         """The connection's requests are answered: it waits for its next head from `now`.
-        One that did not stop waiting (answered as its bytes came, never parsed) keeps its
-        place in the server's list until the server looks there (see GuardedServer)."""
+        The server hears of it only if it had stopped waiting (it took a request); one
+        answered as its bytes came never did. Either way the server puts its list right
+        when it looks (:meth:`GuardedServer._longest_waiting`)."""
         clock = self._clock
         listed = clock.deadline is not None  # clock.waiting, written out
         clock.response_done(now)
