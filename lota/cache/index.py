@@ -85,6 +85,7 @@ class Index:
         wal_limit: int = 8 * 1024**2,
         batch_delay: float = 0.05,
         batch_ops: int = 1000,
+        retry_delay: float = 1.0,
     ) -> None:
         self.path = path
         self._chunk_size = chunk_size
@@ -92,6 +93,8 @@ class Index:
         self._wal_limit = wal_limit
         self._batch_delay = batch_delay
         self._batch_ops = batch_ops
+        self._keep_limit = 20 * batch_ops
+        self._retry_delay = retry_delay
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lota-cache-index")
         self._conn: sqlite3.Connection | None = None
         self._ops: list[_Op] = []
@@ -153,20 +156,42 @@ class Index:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._full.wait(), self._batch_delay)
             try:
-                await self.flush()
+                committed = await self.flush()
             except Exception:  # keep committing later batches whatever happened to this one
                 self.errors += 1
                 log.exception("cache index commit failed")
-                await asyncio.sleep(1.0)
+                committed = False
+            if not committed:
+                await asyncio.sleep(self._retry_delay)
 
-    async def flush(self) -> None:
-        """Commit everything queued so far. Cancelling the caller does not cancel the
-        commit (the changes are off the queue): the caller waits for it to end."""
+    async def flush(self) -> bool:
+        """Commit everything queued so far; False if the disk was full. Then the changes
+        go back to the front of the queue, to be tried again once eviction has made room,
+        as long as the queue stays under its bound (past it they are dropped, and their
+        files become orphans to sweep). Cancelling the caller does not cancel the commit
+        (the changes are off the queue): the caller waits for it to end."""
         ops, self._ops = self._ops, []
         self._queued.clear()
         self._full.clear()
         commit = self._call(self._commit, ops)
-        self.bytes = await outlast(commit, on_orphan_error=self._orphan_failed)
+        self.bytes, full = await outlast(
+            commit,
+            on_orphan=lambda outcome: self._keep(ops, outcome[1]),
+            on_orphan_error=self._orphan_failed,
+        )
+        return self._keep(ops, full)
+
+    def _keep(self, ops: list[_Op], full: bool) -> bool:
+        """After a commit of `ops`: if the disk was full, put them back in front."""
+        if not full:
+            return True
+        if len(ops) + len(self._ops) <= self._keep_limit:
+            self._ops[:0] = ops
+            self._queued.set()
+        else:
+            self.errors += 1
+            log.error("cache index: dropped %d changes the full disk would not take", len(ops))
+        return False
 
     def _orphan_failed(self, exc: BaseException) -> None:
         """A commit whose caller was cancelled: nobody else would hear that it failed."""
@@ -175,7 +200,7 @@ class Index:
 
     async def backpressure(self) -> None:
         """Wait for a commit when far more changes are queued than one batch holds."""
-        if len(self._ops) > 20 * self._batch_ops:
+        if len(self._ops) > self._keep_limit:
             await self.flush()
 
     async def close(self) -> None:
@@ -243,7 +268,10 @@ class Index:
         conn.execute("UPDATE chunks SET dir = (SELECT new FROM dirmap WHERE old = chunks.dir)")
         conn.execute("DROP TABLE dirmap")
 
-    def _commit(self, ops: list[_Op]) -> int:
+    def _commit(self, ops: list[_Op]) -> tuple[int, bool]:
+        """Commit `ops` in one transaction; the index's size, and whether the disk was
+        full (the store then keeps the changes to try again)."""
+        full = False
         if ops:
             conn = self._connection()
             try:
@@ -252,12 +280,16 @@ class Index:
                     conn.executemany(sql, [params for _, params in group])
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                # The rows are lost, not the cache: their files become orphans to sweep.
-                self.errors += 1
-                log.error("cache index commit of %d changes failed: %s", len(ops), exc)
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-        return self._checkpoint_if_big()
+                full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+                if full:
+                    log.warning("cache index commit of %d changes: %s; trying again", len(ops), exc)
+                else:
+                    # The rows are lost, not the cache: their files become orphans to sweep.
+                    self.errors += 1
+                    log.error("cache index commit of %d changes failed: %s", len(ops), exc)
+        return self._checkpoint_if_big(), full
 
     def _checkpoint_if_big(self) -> int:
         size = self._measure()

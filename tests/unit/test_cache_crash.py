@@ -4,10 +4,12 @@ the ordering of index rows after files, and start-up time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import sqlite3
+import subprocess
 import sys
 import textwrap
 import threading
@@ -274,7 +276,7 @@ async def test_a_commit_failing_after_its_caller_was_cancelled_is_counted(
     dirs: list[Path],
 ) -> None:
     class Failing(Index):
-        def _commit(self, ops: list[Any]) -> int:
+        def _commit(self, ops: list[Any]) -> tuple[int, bool]:
             if ops:
                 raise OSError("disk gone")
             return super()._commit(ops)
@@ -293,6 +295,68 @@ async def test_a_commit_failing_after_its_caller_was_cancelled_is_counted(
     await asyncio.sleep(0.05)
     assert index.errors == 1
     await index.close()
+
+
+async def test_a_commit_that_finds_the_disk_full_is_tried_again_once_there_is_room(
+    tmp_path: Path,
+) -> None:
+    """A drive filled before the budget knew of it: the index's commit fails with
+    SQLITE_FULL. Its changes go back in front of those queued since (order kept), and
+    commit once there is room; nothing is counted as lost."""
+    disk = tmp_path / "tmpfs"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], check=True)
+    try:
+        index = Index(str(disk / "index.sqlite"), chunk_size=CS, dirs=[str(disk)])
+        await index.open()
+        stems = [new_stem("b", f"k{n}", "e", "") for n in range(2000)]
+        for stem in stems[:1000]:
+            index.put_chunk(stem, 0, 0, CS, 1)
+        filler = disk / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as f:
+            while f.write(b"x" * 4096):
+                pass
+        gate = threading.Event()
+        busy = index._call(gate.wait, 10)  # the commit waits for the index thread
+        flush = asyncio.create_task(index.flush())
+        await asyncio.sleep(0.05)
+        index.delete_chunk(stems[0], 0)  # queued during the failing commit: applies after it
+        for stem in stems[1000:]:
+            index.put_chunk(stem, 0, 0, CS, 1)
+        gate.set()
+        await busy
+        assert not await flush
+        assert index.pending == 2001
+        filler.unlink()
+        assert await index.flush()
+        assert (index.pending, index.errors) == (0, 0)
+        await index.close()
+        assert rows(disk) == 1999
+    finally:
+        subprocess.run(["umount", "-l", disk], check=False)
+
+
+async def test_a_full_disk_past_the_queue_bound_drops_the_changes_and_counts_them(
+    tmp_path: Path,
+) -> None:
+    disk = tmp_path / "tmpfs"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], check=True)
+    try:
+        index = Index(str(disk / "index.sqlite"), chunk_size=CS, dirs=[str(disk)], batch_ops=50)
+        await index.open()
+        for n in range(1001):  # past 20 batches
+            index.put_chunk(new_stem("b", f"k{n}", "e", ""), 0, 0, CS, 1)
+        with contextlib.suppress(OSError), (disk / "filler").open("wb") as f:
+            while f.write(b"x" * 4096):
+                pass
+        assert not await index.flush()
+        assert (index.pending, index.errors) == (0, 1)
+        (disk / "filler").unlink()
+        await index.close()
+        assert rows(disk) == 0
+    finally:
+        subprocess.run(["umount", "-l", disk], check=False)
 
 
 def rows(root: Path) -> int:
