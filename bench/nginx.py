@@ -15,11 +15,14 @@ hot set once more, untimed, right before its cells of that size, so that both ar
 on a hot set, not one whose files sat idle longer than the other's (a machine may page
 out file pages idle for a minute: this one does, DAMON's proactive reclaim, and the fills
 and the smaller set's cells take longer than that); and 1 GiB hits with one
-and four ``curl`` clients. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx; the
+and four ``curl`` clients. Each measurement is made ``--runs`` times (3), LOTA and nginx
+alternated in each round of a 64 KiB cell, and the medians are reported: a cell lasts about
+a second, and on a shared machine one second's share of the cores can swing a ratio by a
+fifth. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx (each round's too); the
 CPU each spent per request, and the load generator's (the two cores are shared: what
 one server's answers cost the load generator to read is taken from that server).
 
-    python -m bench.nginx                 # ~3 minutes
+    python -m bench.nginx                 # ~4 minutes
     python -m bench.nginx --requests 5000 --sets 1000
     python -m bench.nginx --catalog --sets 1000   # LOTA with a catalog, as write acceleration has
 """
@@ -34,6 +37,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -206,17 +210,22 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     for urls, pids in systems.values():  # the hot set read, untimed
                         await cell(pool, urls[:size], size, 64, pids)
                     for concurrency in (16, 64):
-                        for name, (urls, pids) in systems.items():
-                            row = await cell(pool, urls[:size], args.requests, concurrency, pids)
+                        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+                        for n in range(args.runs):  # alternated: both see the same phases
+                            for name, (urls, pids) in systems.items():
+                                c = await cell(pool, urls[:size], args.requests, concurrency, pids)
+                                rounds[name].append(c)
+                                print(
+                                    f"{name:>5} 64 KiB x{size} c={concurrency} round {n + 1}: "
+                                    f"{c['req_per_s']:,.0f} req/s p50 {c['p50']:.2f} ms "
+                                    f"p99 {c['p99']:.2f} ms {c['cpu_us_per_req']:.0f} µs CPU/req "
+                                    f"{c['errors'] or ''}",
+                                    flush=True,
+                                )
+                        for name, cells in rounds.items():
+                            row = medians(cells)
                             row.update(system=name, hot_set=size, concurrency=concurrency)
                             out["small"].append(row)
-                            print(
-                                f"{name:>5} 64 KiB x{size} c={concurrency}: "
-                                f"{row['req_per_s']:,.0f} req/s p50 {row['p50']:.2f} ms "
-                                f"p99 {row['p99']:.2f} ms {row['cpu_us_per_req']:.0f} µs CPU/req "
-                                f"{row['errors'] or ''}",
-                                flush=True,
-                            )
             big = {"LOTA": presigned_urls(node.url, BUCKET, ["big.bin"])[0]}
             big["nginx"] = big["LOTA"].replace(node.url, nginx.url)
             for url in big.values():
@@ -237,6 +246,19 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
+def medians(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's rounds of a cell: the median of each figure (the upper one of an even
+    count), every round's req/s, and every error."""
+    row: dict[str, Any] = {
+        key: sorted(c[key] for c in cells)[len(cells) // 2]
+        for key in ("req_per_s", "p50", "p99", "cpu_us_per_req", "client_cpu_us_per_req")
+    }
+    row["rounds_req_per_s"] = [c["req_per_s"] for c in cells]
+    row["n"] = sum(c["n"] for c in cells)
+    row["errors"] = dict(sum((Counter(c["errors"]) for c in cells), Counter()))
+    return row
+
+
 def report(out: dict[str, Any], args: argparse.Namespace) -> None:
     rows = []
     by = {(r["system"], r["hot_set"], r["concurrency"]): r for r in out["small"]}
@@ -250,6 +272,12 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                     f"{lota['req_per_s']:,.0f}",
                     f"{nginx['req_per_s']:,.0f}",
                     f"{lota['req_per_s'] / nginx['req_per_s']:.2f}x",
+                    " ".join(
+                        f"{a / b:.2f}"
+                        for a, b in zip(
+                            lota["rounds_req_per_s"], nginx["rounds_req_per_s"], strict=True
+                        )
+                    ),
                     f"{lota['p50']:.2f} / {lota['p99']:.2f}",
                     f"{nginx['p50']:.2f} / {nginx['p99']:.2f}",
                     f"{lota['p99'] / nginx['p99']:.2f}x",
@@ -260,7 +288,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
     catalog = " and a SQLite catalog" if args.catalog else ""
     print(
         f"\n64 KiB hits, presigned SigV4 URLs; LOTA with {args.workers} workers{catalog},"
-        " nginx with 2"
+        f" nginx with 2; medians of {args.runs} rounds, LOTA and nginx alternated in each"
     )
     print(
         table(
@@ -270,6 +298,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                 "LOTA req/s",
                 "nginx req/s",
                 "req/s LOTA / nginx",
+                "each round",
                 "LOTA p50 / p99 ms",
                 "nginx p50 / p99 ms",
                 "p99 LOTA / nginx",
@@ -302,7 +331,9 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000, help="per 64 KiB cell")
     parser.add_argument("--sets", default="1000,20000", help="hot set sizes")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--runs", type=int, default=3, help="of each 1 GiB measurement")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="rounds of each measurement (medians are reported)"
+    )
     parser.add_argument(
         "--catalog", action="store_true", help="LOTA with a catalog (SQLite): reads check it"
     )
