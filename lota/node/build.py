@@ -227,13 +227,17 @@ async def build_catalog(
         if engines:
             tasks.start(migrator.run(), "migrator")
         lifecycle.share(catalog)
+        # Follow the events from before the rules are read, and before the node serves:
+        # rules replaced (or keys written) elsewhere meanwhile are then either read here or
+        # heard, never neither.
+        events = await catalog.events()
         await lifecycle.load()
 
         async def on_document(event: Event) -> None:
             if event.key == RULES_DOCUMENT:
                 await lifecycle.load()
 
-        tasks.start(follow_events(catalog, cache, config.node, on_document), "events")
+        tasks.start(follow_events(events, catalog, cache, config.node, on_document), "events")
         access = AccessRecorder(catalog, clock)
         access.start(tasks)
         engine = Engine(

@@ -13,10 +13,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
 from lota.catalog import Catalog, Event, EventKind
+from lota.catalog.events import EventStream
+from lota.errors import CatalogError
 from lota.node.features import CacheFeature, CatalogFeature
+
+log = logging.getLogger("lota.node")
+
+_RETRY_FIRST, _RETRY_MOST = 0.5, 5.0
+"""Seconds before an event whose handling the catalog failed is handled again (doubling)."""
 
 # Operations after which cached copies of the addressed object(s) are stale.
 INVALIDATING = frozenset(
@@ -70,6 +79,7 @@ class Invalidation:
 
 
 async def follow_events(
+    stream: EventStream,
     catalog: Catalog,
     cache: CacheFeature,
     node: str,
@@ -78,17 +88,50 @@ async def follow_events(
     """Drop cached copies that writes on other nodes made stale; when a version reaches its
     home, drop any other version of the key held here (a read that crossed the write may
     have cached an older one) but keep that one (its writer kept it as it was written).
-    Hand ``document`` events (the lifecycle rules changed) to `documents`."""
-    async with await catalog.events() as stream:
+    Hand ``document`` events (the lifecycle rules changed) to `documents`. `stream` is
+    ``catalog.events()``, opened by the caller before it read what the events update (the
+    rules), so nothing committed in between is missed; closed here.
+
+    An event whose handling the catalog fails (an outage while the rules are read again)
+    is handled again until it works, the next events waiting behind it, as the stream
+    itself waits out an outage; any other failure is logged and the next event handled."""
+    async with stream:
         async for event in stream:
-            if event.kind == EventKind.DOCUMENT:
-                await documents(event)
-            elif event.kind == EventKind.MIGRATED:
-                if held := cache.cached_etag(event.bucket, event.key):
-                    keep = await _migrated_etag(catalog, event)
-                    await cache.invalidate(event.bucket, event.key, keep if keep == held else "")
-            elif event.node != node and event.kind in _INVALIDATING_EVENTS:
-                await cache.invalidate(event.bucket, event.key)
+            delay = _RETRY_FIRST
+            while not stream.closed:
+                try:
+                    await _follow(event, catalog, cache, node, documents)
+                    break
+                except CatalogError as exc:
+                    log.warning(
+                        "catalog event %d (%s): %s; handling it again in %.1fs",
+                        event.id,
+                        event.kind,
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, _RETRY_MOST)
+                except Exception:
+                    log.exception("catalog event %d (%s) not handled", event.id, event.kind)
+                    break
+
+
+async def _follow(
+    event: Event,
+    catalog: Catalog,
+    cache: CacheFeature,
+    node: str,
+    documents: Callable[[Event], Awaitable[None]],
+) -> None:
+    if event.kind == EventKind.DOCUMENT:
+        await documents(event)
+    elif event.kind == EventKind.MIGRATED:
+        if held := cache.cached_etag(event.bucket, event.key):
+            keep = await _migrated_etag(catalog, event)
+            await cache.invalidate(event.bucket, event.key, keep if keep == held else "")
+    elif event.node != node and event.kind in _INVALIDATING_EVENTS:
+        await cache.invalidate(event.bucket, event.key)
 
 
 async def _migrated_etag(catalog: Catalog, event: Event) -> str:
