@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from lota.catalog.events import EventStream, Waker
+from lota.catalog.events import MAX_GAPS, EventCursor, EventStream, Waker
 from lota.catalog.model import (
     AccessRecord,
     CatalogObject,
@@ -288,23 +289,27 @@ class Catalog(abc.ABC):
         """The committed events among `ids` (a stream's holes)."""
 
     async def events(self, after: int | None = None) -> EventStream:
-        """The events after id `after` (None: from now on), endless until closed."""
+        """The events after id `after` (None: from now on, which includes events whose
+        ids were handed out before now and that commit later), endless until closed. The
+        stream listens before it is returned: whatever commits after the call is heard."""
         self._check_open()
         waker = await self._waker()
         try:
-            start = await self.last_event_id() if after is None else after
+            cursor = await self._cursor(after)
         except BaseException:
             await waker.close()
             raise
-        stream = EventStream(
-            self,
-            waker,
-            after=start,
-            poll_interval=self._poll_interval(),
-            gap_timeout=self.settings.gap_timeout,
-        )
+        stream = EventStream(self, waker, cursor, poll_interval=self._poll_interval())
         self._streams.add(stream)
         return stream
+
+    async def _cursor(self, after: int | None) -> EventCursor:
+        if after is not None:
+            return EventCursor(after, gap_timeout=self.settings.gap_timeout)
+        cursor = EventCursor(await self.last_event_id(), gap_timeout=self.settings.gap_timeout)
+        recent = await self.events_after(max(0, cursor.top - MAX_GAPS), MAX_GAPS)
+        cursor.await_uncommitted((event.id for event in recent), time.monotonic())
+        return cursor
 
     @abc.abstractmethod
     async def _waker(self) -> Waker:

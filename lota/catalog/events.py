@@ -49,6 +49,15 @@ class EventCursor:
         """Every id up to this one has been delivered or given up."""
         return min(self._gaps) - 1 if self._gaps else self.top
 
+    def await_uncommitted(self, committed: Iterable[int], now: float) -> None:
+        """A stream from now on starts at the newest id, but an id handed out before it may
+        not have committed yet: await as holes those of the MAX_GAPS ids up to :attr:`top`
+        not in `committed` (the ids of the events committed among them, read after the top
+        was). Holes that never come (rolled back, pruned) are given up as any other."""
+        seen = set(committed)
+        missing = range(max(0, self.top - MAX_GAPS) + 1, self.top + 1)
+        self._gaps.update(dict.fromkeys((i for i in missing if i not in seen), now))
+
     def accept(self, events: Iterable[Event], now: float) -> list[Event]:
         """The events of `events` not delivered before, in id order; updates the holes."""
         fresh = []
@@ -115,15 +124,14 @@ class EventStream:
         self,
         source: EventSource,
         waker: Waker,
+        cursor: EventCursor,
         *,
-        after: int,
         poll_interval: float,
-        gap_timeout: float,
         batch: int = 500,
     ) -> None:
         self._source = source
         self._waker = waker
-        self._cursor = EventCursor(after, gap_timeout=gap_timeout)
+        self._cursor = cursor
         self._poll = poll_interval
         self._batch = batch
         self._ready: collections.deque[Event] = collections.deque()

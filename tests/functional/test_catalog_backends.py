@@ -618,6 +618,36 @@ async def test_postgres_events_survive_losing_the_listening_connection(
         assert (await asyncio.wait_for(anext(stream), 5)).key == "relistened"
 
 
+async def test_postgres_a_stream_from_now_gets_an_event_whose_id_came_before_it_and_its_commit_after(
+    postgres_server: PostgresServer, clock: FakeClock
+) -> None:
+    """Ids are handed out at insert and seen at commit: a stream opened between the two
+    starts above the id, and must still deliver the event when its transaction commits."""
+    url = postgres_server.create_database("late_commit")
+    async with (
+        await open_catalog(url, clock=clock, node="a", settings=SETTINGS) as a,
+        await open_catalog(url, clock=clock, node="b", settings=SETTINGS) as b,
+    ):
+        await a.publish("invalidate", "bkt", "before")
+        writer = await asyncpg.connect(url)
+        try:
+            late = writer.transaction()
+            await late.start()
+            late_id = await writer.fetchval(
+                "INSERT INTO events (at, kind, bucket, key, seq, node)"
+                " VALUES (0, 'invalidate', 'bkt', 'late', 0, 'w') RETURNING id"
+            )
+            newer = await a.publish("invalidate", "bkt", "newer")
+            assert newer > late_id
+            async with await b.events() as stream:
+                await late.commit()
+                await a.publish("invalidate", "bkt", "after")
+                got = [(await asyncio.wait_for(anext(stream), 5)).key for _ in range(2)]
+        finally:
+            await writer.close()
+    assert sorted(got) == ["after", "late"]
+
+
 # -- schema and connections ----------------------------------------------------------------
 
 _OPEN_AT = """

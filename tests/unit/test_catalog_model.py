@@ -153,3 +153,21 @@ def test_event_cursor_bounds_the_holes_it_remembers() -> None:
     cursor.accept(_events(5 * MAX_GAPS), now=0)
     assert len(cursor.gaps) == MAX_GAPS
     assert cursor.gaps[-1] == 5 * MAX_GAPS - 1
+
+
+def test_event_cursor_from_now_awaits_ids_handed_out_before_it_that_commit_later() -> None:
+    cursor = EventCursor(10, gap_timeout=5)
+    cursor.await_uncommitted([1, 2, 3, 5, 6, 7, 8], now=0)  # 10, the newest, not seen either
+    assert cursor.gaps == [4, 9, 10]
+    assert cursor.floor == 3
+    assert [e.id for e in cursor.accept(_events(9, 11), now=1)] == [9, 11]
+    assert [e.id for e in cursor.accept(_events(10, 11), now=2)] == [10]
+    assert cursor.gaps == [4]
+    cursor.expire(5)  # never committed (rolled back, or pruned): given up
+    assert cursor.gaps == []
+
+
+def test_event_cursor_from_now_awaits_at_most_max_gaps_ids() -> None:
+    cursor = EventCursor(3 * MAX_GAPS, gap_timeout=5)
+    cursor.await_uncommitted([], now=0)
+    assert cursor.gaps == list(range(2 * MAX_GAPS + 1, 3 * MAX_GAPS + 1))
