@@ -67,6 +67,7 @@ _DELETE_OBJECT = "DELETE FROM objects WHERE stem = ?"
 _DELETE_OBJECT_CHUNKS = "DELETE FROM chunks WHERE stem = ?"
 _PUT_CHUNK = "INSERT OR REPLACE INTO chunks (stem, idx, dir, length, digest) VALUES (?, ?, ?, ?, ?)"
 _DELETE_CHUNK = "DELETE FROM chunks WHERE stem = ? AND idx = ?"
+_DELETES = frozenset({_DELETE_OBJECT, _DELETE_OBJECT_CHUNKS, _DELETE_CHUNK})
 
 ObjectRow = tuple[str, str, str, str, str, int, str, str, float, str]
 ChunkRow = tuple[str, int, int, int, int]
@@ -95,6 +96,8 @@ class Index:
         self._batch_ops = batch_ops
         self._keep_limit = 20 * batch_ops
         self._retry_delay = retry_delay
+        self._flushing = asyncio.Lock()
+        self._refused = False
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lota-cache-index")
         self._conn: sqlite3.Connection | None = None
         self._ops: list[_Op] = []
@@ -165,32 +168,56 @@ class Index:
                 await asyncio.sleep(self._retry_delay)
 
     async def flush(self) -> bool:
-        """Commit everything queued so far; False if the disk was full. Then the changes
-        go back to the front of the queue, to be tried again once eviction has made room,
-        as long as the queue stays under its bound (past it they are dropped, and their
-        files become orphans to sweep). Cancelling the caller does not cancel the commit
-        (the changes are off the queue): the caller waits for it to end."""
-        ops, self._ops = self._ops, []
-        self._queued.clear()
-        self._full.clear()
-        commit = self._call(self._commit, ops)
-        self.bytes, full = await outlast(
-            commit,
-            on_orphan=lambda outcome: self._keep(ops, outcome[1]),
-            on_orphan_error=self._orphan_failed,
-        )
-        return self._keep(ops, full)
+        """Commit everything queued so far, after any commit in progress; False if that
+        failed. Changes the disk would not take (full, or failing to write) go back to the
+        front of the queue, to be tried again once eviction has made room; past the
+        queue's bound, the new rows among them are dropped (their files become orphans
+        to sweep) and the deletions kept (a lost one would bring a row back at the next
+        start). Other failures lose the changes, counted in :attr:`errors`. Cancelling
+        the caller does not cancel the commit (the changes are off the queue): the caller
+        waits for it to end."""
+        async with self._flushing:  # one commit at a time: changes kept stay in order
+            ops, self._ops = self._ops, []
+            self._queued.clear()
+            self._full.clear()
+            commit = self._call(self._commit, ops)
+            size, error = await outlast(
+                commit,
+                on_orphan=lambda outcome: self._committed(ops, *outcome),
+                on_orphan_error=self._orphan_failed,
+            )
+            return self._committed(ops, size, error)
 
-    def _keep(self, ops: list[_Op], full: bool) -> bool:
-        """After a commit of `ops`: if the disk was full, put them back in front."""
-        if not full:
+    def _committed(self, ops: list[_Op], size: int, error: sqlite3.Error | None) -> bool:
+        """After a commit of `ops`: count, log, and keep what the disk would not take."""
+        self.bytes = size
+        if error is None:
+            if self._refused:
+                log.info("cache index: committing again")
+                self._refused = False
             return True
-        if len(ops) + len(self._ops) <= self._keep_limit:
-            self._ops[:0] = ops
-            self._queued.set()
-        else:
+        code = getattr(error, "sqlite_errorcode", 0)
+        if code != sqlite3.SQLITE_FULL and code & 0xFF != sqlite3.SQLITE_IOERR:
             self.errors += 1
-            log.error("cache index: dropped %d changes the full disk would not take", len(ops))
+            log.error("cache index commit of %d changes failed: %s", len(ops), error)
+            return False
+        if not self._refused:
+            log.warning("cache index commit of %d changes: %s; trying again", len(ops), error)
+            self._refused = True
+        if len(ops) + len(self._ops) > self._keep_limit:
+            deletions = [op for op in ops if op[0] in _DELETES]
+            if len(deletions) + len(self._ops) > 4 * self._keep_limit:
+                deletions = []
+            self.errors += 1
+            log.error(
+                "cache index: dropped %d changes the disk would not take, kept %d deletions",
+                len(ops) - len(deletions),
+                len(deletions),
+            )
+            ops = deletions
+        self._ops[:0] = ops
+        if ops:
+            self._queued.set()
         return False
 
     def _orphan_failed(self, exc: BaseException) -> None:
@@ -206,7 +233,9 @@ class Index:
     async def close(self) -> None:
         """Commit what is queued, checkpoint the WAL into the index, close, stop the thread."""
         try:
-            await self.flush()
+            if not await self.flush() and self._ops:
+                self.errors += 1
+                log.error("cache index: %d changes lost at close", len(self._ops))
             await outlast(self._call(self._close))
         finally:
             self._thread.shutdown(wait=True)
@@ -268,10 +297,10 @@ class Index:
         conn.execute("UPDATE chunks SET dir = (SELECT new FROM dirmap WHERE old = chunks.dir)")
         conn.execute("DROP TABLE dirmap")
 
-    def _commit(self, ops: list[_Op]) -> tuple[int, bool]:
-        """Commit `ops` in one transaction; the index's size, and whether the disk was
-        full (the store then keeps the changes to try again)."""
-        full = False
+    def _commit(self, ops: list[_Op]) -> tuple[int, sqlite3.Error | None]:
+        """Commit `ops` in one transaction; the index's size, and the error if it failed
+        (the loop side counts and logs it: only it touches the queue and the counts)."""
+        error = None
         if ops:
             conn = self._connection()
             try:
@@ -280,16 +309,10 @@ class Index:
                     conn.executemany(sql, [params for _, params in group])
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
+                error = exc
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-                full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-                if full:
-                    log.warning("cache index commit of %d changes: %s; trying again", len(ops), exc)
-                else:
-                    # The rows are lost, not the cache: their files become orphans to sweep.
-                    self.errors += 1
-                    log.error("cache index commit of %d changes failed: %s", len(ops), exc)
-        return self._checkpoint_if_big(), full
+        return self._checkpoint_if_big(), error
 
     def _checkpoint_if_big(self) -> int:
         size = self._measure()

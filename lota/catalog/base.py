@@ -289,9 +289,9 @@ class Catalog(abc.ABC):
         """The committed events among `ids` (a stream's holes)."""
 
     async def events(self, after: int | None = None) -> EventStream:
-        """The events after id `after` (None: from now on, which includes events whose
-        ids were handed out before now and that commit later), endless until closed. The
-        stream listens before it is returned: whatever commits after the call is heard."""
+        """The events after id `after` (None: from now on), endless until closed. The
+        stream listens before it is returned: every event that commits after the call
+        returns is delivered, one whose id was handed out before the call too."""
         self._check_open()
         waker = await self._waker()
         try:

@@ -94,7 +94,8 @@ async def follow_events(
 
     An event whose handling the catalog fails (an outage while the rules are read again)
     is handled again until it works, the next events waiting behind it, as the stream
-    itself waits out an outage; any other failure is logged and the next event handled."""
+    itself waits out an outage (a ``migrated`` event does not wait: it drops every
+    version held); any other failure is logged and the next event handled."""
     async with stream:
         async for event in stream:
             delay = _RETRY_FIRST
@@ -103,7 +104,8 @@ async def follow_events(
                     await _follow(event, catalog, cache, node, documents)
                     break
                 except CatalogError as exc:
-                    log.warning(
+                    log.log(
+                        logging.WARNING if delay == _RETRY_FIRST else logging.DEBUG,
                         "catalog event %d (%s): %s; handling it again in %.1fs",
                         event.id,
                         event.kind,
@@ -128,7 +130,10 @@ async def _follow(
         await documents(event)
     elif event.kind == EventKind.MIGRATED:
         if held := cache.cached_etag(event.bucket, event.key):
-            keep = await _migrated_etag(catalog, event)
+            try:
+                keep = await _migrated_etag(catalog, event)
+            except CatalogError:  # not knowing which version is home: keep none
+                keep = ""
             await cache.invalidate(event.bucket, event.key, keep if keep == held else "")
     elif event.node != node and event.kind in _INVALIDATING_EVENTS:
         await cache.invalidate(event.bucket, event.key)

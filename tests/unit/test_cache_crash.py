@@ -14,7 +14,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +276,7 @@ async def test_a_commit_failing_after_its_caller_was_cancelled_is_counted(
     dirs: list[Path],
 ) -> None:
     class Failing(Index):
-        def _commit(self, ops: list[Any]) -> tuple[int, bool]:
+        def _commit(self, ops: list[Any]) -> tuple[int, sqlite3.Error | None]:
             if ops:
                 raise OSError("disk gone")
             return super()._commit(ops)
@@ -297,66 +297,107 @@ async def test_a_commit_failing_after_its_caller_was_cancelled_is_counted(
     await index.close()
 
 
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, to fill up for real; unmounted at the end."""
+    disk = tmp_path / "tmpfs"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], check=True)
+    yield disk
+    subprocess.run(["umount", "-l", disk], check=False)
+
+
+def fill_up(disk: Path) -> Path:
+    filler = disk / "filler"
+    with contextlib.suppress(OSError), filler.open("wb") as f:
+        while f.write(b"x" * 4096):
+            pass
+    return filler
+
+
 async def test_a_commit_that_finds_the_disk_full_is_tried_again_once_there_is_room(
-    tmp_path: Path,
+    small_fs: Path,
 ) -> None:
     """A drive filled before the budget knew of it: the index's commit fails with
     SQLITE_FULL. Its changes go back in front of those queued since (order kept), and
     commit once there is room; nothing is counted as lost."""
-    disk = tmp_path / "tmpfs"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], check=True)
-    try:
-        index = Index(str(disk / "index.sqlite"), chunk_size=CS, dirs=[str(disk)])
-        await index.open()
-        stems = [new_stem("b", f"k{n}", "e", "") for n in range(2000)]
-        for stem in stems[:1000]:
-            index.put_chunk(stem, 0, 0, CS, 1)
-        filler = disk / "filler"
-        with contextlib.suppress(OSError), filler.open("wb") as f:
-            while f.write(b"x" * 4096):
-                pass
-        gate = threading.Event()
-        busy = index._call(gate.wait, 10)  # the commit waits for the index thread
-        flush = asyncio.create_task(index.flush())
-        await asyncio.sleep(0.05)
-        index.delete_chunk(stems[0], 0)  # queued during the failing commit: applies after it
-        for stem in stems[1000:]:
-            index.put_chunk(stem, 0, 0, CS, 1)
-        gate.set()
-        await busy
-        assert not await flush
-        assert index.pending == 2001
-        filler.unlink()
-        assert await index.flush()
-        assert (index.pending, index.errors) == (0, 0)
-        await index.close()
-        assert rows(disk) == 1999
-    finally:
-        subprocess.run(["umount", "-l", disk], check=False)
+    index = Index(str(small_fs / "index.sqlite"), chunk_size=CS, dirs=[str(small_fs)])
+    await index.open()
+    stems = [new_stem("b", f"k{n}", "e", "") for n in range(2000)]
+    for stem in stems[:1000]:
+        index.put_chunk(stem, 0, 0, CS, 1)
+    filler = fill_up(small_fs)
+    gate = threading.Event()
+    busy = index._call(gate.wait, 10)  # the commit waits for the index thread
+    flush = asyncio.create_task(index.flush())
+    await asyncio.sleep(0.05)
+    index.delete_chunk(stems[0], 0)  # queued during the failing commit: applies after it
+    for stem in stems[1000:]:
+        index.put_chunk(stem, 0, 0, CS, 1)
+    gate.set()
+    await busy
+    assert not await flush
+    assert index.pending == 2001
+    filler.unlink()
+    assert await index.flush()
+    assert (index.pending, index.errors) == (0, 0)
+    await index.close()
+    assert rows(small_fs) == 1999
 
 
-async def test_a_full_disk_past_the_queue_bound_drops_the_changes_and_counts_them(
-    tmp_path: Path,
+async def test_two_flushes_refused_by_a_full_disk_keep_their_changes_in_order(
+    small_fs: Path,
 ) -> None:
-    disk = tmp_path / "tmpfs"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], check=True)
-    try:
-        index = Index(str(disk / "index.sqlite"), chunk_size=CS, dirs=[str(disk)], batch_ops=50)
-        await index.open()
-        for n in range(1001):  # past 20 batches
-            index.put_chunk(new_stem("b", f"k{n}", "e", ""), 0, 0, CS, 1)
-        with contextlib.suppress(OSError), (disk / "filler").open("wb") as f:
-            while f.write(b"x" * 4096):
-                pass
-        assert not await index.flush()
-        assert (index.pending, index.errors) == (0, 1)
-        (disk / "filler").unlink()
-        await index.close()
-        assert rows(disk) == 0
-    finally:
-        subprocess.run(["umount", "-l", disk], check=False)
+    """A fill's backpressure can flush while the commit task's flush is in progress: the
+    second waits for the first, so a row and its deletion stay in that order."""
+    index = Index(str(small_fs / "index.sqlite"), chunk_size=CS, dirs=[str(small_fs)])
+    await index.open()
+    stem = new_stem("b", "k", "e", "")
+    index.put_chunk(stem, 0, 0, CS, 1)
+    filler = fill_up(small_fs)
+    gate = threading.Event()
+    busy = index._call(gate.wait, 10)
+    first = asyncio.create_task(index.flush())
+    await asyncio.sleep(0.05)
+    index.delete_chunk(stem, 0)
+    second = asyncio.create_task(index.flush())
+    await asyncio.sleep(0.05)
+    gate.set()
+    await busy
+    assert [await first, await second] == [False, False]
+    filler.unlink()
+    assert await index.flush()
+    await index.close()
+    assert (rows(small_fs), index.errors) == (0, 0)
+
+
+async def test_a_full_disk_past_the_queue_bound_drops_new_rows_keeps_deletions_and_counts(
+    small_fs: Path,
+) -> None:
+    index = Index(str(small_fs / "index.sqlite"), chunk_size=CS, dirs=[str(small_fs)], batch_ops=50)
+    await index.open()
+    old = new_stem("b", "old", "e", "")
+    index.put_chunk(old, 0, 0, CS, 1)
+    assert await index.flush()
+    for n in range(1001):  # past 20 batches
+        index.put_chunk(new_stem("b", f"k{n}", "e", ""), 0, 0, CS, 1)
+    index.delete_chunk(old, 0)
+    filler = fill_up(small_fs)
+    assert not await index.flush()
+    assert (index.pending, index.errors) == (1, 1)  # the deletion
+    filler.unlink()
+    await index.close()
+    assert rows(small_fs) == 0
+
+
+async def test_changes_a_full_disk_refuses_at_close_are_counted_lost(small_fs: Path) -> None:
+    index = Index(str(small_fs / "index.sqlite"), chunk_size=CS, dirs=[str(small_fs)])
+    await index.open()
+    fill_up(small_fs)
+    for n in range(1000):
+        index.put_chunk(new_stem("b", f"k{n}", "e", ""), 0, 0, CS, 1)
+    await index.close()
+    assert index.errors == 1
 
 
 def rows(root: Path) -> int:

@@ -58,3 +58,38 @@ async def test_an_event_the_catalog_fails_to_handle_is_handled_again_and_a_broke
         await asyncio.gather(follower, return_exceptions=True)
         for catalog in (here, elsewhere):
             await catalog.close()
+
+
+async def test_a_migrated_event_whose_version_the_catalog_cannot_say_drops_every_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    here = await open_catalog(url, clock=Clock(), node="here")
+    dropped: list[tuple[str, str, str]] = []
+
+    async def invalidate(bucket: str, key: str, keep: str = "") -> None:
+        dropped.append((bucket, key, keep))
+
+    async def unavailable(bucket: str, key: str) -> None:
+        raise CatalogUnavailable("catalog down")
+
+    async def documents(event: Event) -> None: ...
+
+    cache = dataclasses.replace(
+        CacheFeature.off(), invalidate=invalidate, cached_etag=lambda b, k: '"held"'
+    )
+    stream = await here.events()
+    monkeypatch.setattr(here, "get_object", unavailable)
+    follower = asyncio.ensure_future(
+        invalidation.follow_events(stream, here, cache, "here", documents)
+    )
+    try:
+        await here.publish(EventKind.MIGRATED, "bkt", "m", 7)
+        async with asyncio.timeout(10):
+            while not dropped:
+                await asyncio.sleep(0.01)
+        assert dropped == [("bkt", "m", "")]
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        await here.close()
