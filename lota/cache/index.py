@@ -68,6 +68,8 @@ _DELETE_OBJECT_CHUNKS = "DELETE FROM chunks WHERE stem = ?"
 _PUT_CHUNK = "INSERT OR REPLACE INTO chunks (stem, idx, dir, length, digest) VALUES (?, ?, ?, ?, ?)"
 _DELETE_CHUNK = "DELETE FROM chunks WHERE stem = ? AND idx = ?"
 _DELETES = frozenset({_DELETE_OBJECT, _DELETE_OBJECT_CHUNKS, _DELETE_CHUNK})
+_PUT_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+EVENT_POSITION = "event_position"
 
 ObjectRow = tuple[str, str, str, str, str, int, str, str, float, str]
 ChunkRow = tuple[str, int, int, int, int]
@@ -105,6 +107,9 @@ class Index:
         self._full = asyncio.Event()
         self.bytes = 0
         """Bytes of the index, its WAL and shared-memory file, as of the last commit."""
+        self.event_position: int | None = None
+        """The catalog event position saved with the cache at open (None: none saved):
+        every event up to it had been applied to what the index held."""
         self.errors = 0
 
     @property
@@ -151,6 +156,16 @@ class Index:
 
     def delete_chunk(self, stem: str, index: int) -> None:
         self._queue(_DELETE_CHUNK, (stem, index))
+
+    def save_event_position(self, position: int) -> None:
+        """Save the catalog event position with the changes queued so far (those its
+        events made) or after them: a restart resumes the events from there, so writes
+        made elsewhere while it was down still drop their cached copies here."""
+        op = (_PUT_META, (EVENT_POSITION, str(position)))
+        if self._ops and self._ops[-1][0] == _PUT_META:
+            self._ops[-1] = op  # one position per batch is enough
+        else:
+            self._queue(*op)
 
     async def run(self) -> None:
         """Commit queued changes in batches until cancelled (the store's task owns this)."""
@@ -280,6 +295,10 @@ class Index:
             log.warning("cache layout changed: dropping the whole index %s", self.path)
             conn.execute("DELETE FROM chunks")
             conn.execute("DELETE FROM objects")
+            meta.pop(EVENT_POSITION, None)
+            conn.execute("DELETE FROM meta WHERE name = ?", (EVENT_POSITION,))
+        position = meta.get(EVENT_POSITION)
+        self.event_position = int(position) if position is not None else None
         old_dirs = json.loads(meta.get("dirs", "null")) or self._dirs
         if old_dirs != self._dirs:
             self._renumber(conn, old_dirs)

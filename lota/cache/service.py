@@ -48,6 +48,12 @@ class ChunkService:
     def lookup(self, bucket: str, key: str) -> CachedObject | None:
         return self._store.lookup(bucket, key)
 
+    def event_position(self) -> int | None:
+        return self._store.event_position
+
+    def save_event_position(self, position: int) -> None:
+        self._store.save_event_position(position)
+
     async def admit(
         self, meta: ObjectMeta, since: float | None = None, *, tell: bool = False
     ) -> CachedObject:

@@ -136,6 +136,9 @@ class EventStream:
         self._batch = batch
         self._ready: collections.deque[Event] = collections.deque()
         self._failing = False
+        self.caught_up = asyncio.Event()
+        """Set once the reader has taken every event committed so far (it asks for the
+        next one and there is none yet): those handled one by one are handled by then."""
 
     @property
     def position(self) -> int:
@@ -159,6 +162,7 @@ class EventStream:
                 raise StopAsyncIteration
             more = await self._refill()
             if not self._ready and not more:
+                self.caught_up.set()
                 await self._waker.wait(self._poll)
         return self._ready.popleft()
 

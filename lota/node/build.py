@@ -39,7 +39,7 @@ from lota.node.at_once import AtOnce
 from lota.node.cache import build_cache
 from lota.node.features import CacheFeature, CatalogFeature
 from lota.node.front import Front
-from lota.node.invalidation import Invalidation, follow_events
+from lota.node.invalidation import Invalidation, catch_up, follow_events, resume_after
 from lota.node.node import Drain, Node
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
@@ -229,8 +229,8 @@ async def build_catalog(
         lifecycle.share(catalog)
         # Follow the events from before the rules are read, and before the node serves:
         # rules replaced (or keys written) elsewhere meanwhile are then either read here or
-        # heard, never neither.
-        events = await catalog.events()
+        # heard, never neither. From where this worker's cache left them, if it can.
+        events = await catalog.events(await resume_after(catalog, cache.event_position()))
         await lifecycle.load()
 
         async def on_document(event: Event) -> None:
@@ -238,6 +238,7 @@ async def build_catalog(
                 await lifecycle.load()
 
         tasks.start(follow_events(events, catalog, cache, config.node, on_document), "events")
+        await catch_up(events)
         access = AccessRecorder(catalog, clock)
         access.start(tasks)
         engine = Engine(

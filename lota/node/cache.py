@@ -147,6 +147,8 @@ async def build_cache(
             invalidate=service.invalidate,
             warm=warm,
             cached_etag=cached_etag,
+            event_position=service.event_position,
+            save_event_position=service.save_event_position,
             writes=WriteCache(service, reads.serve_version, metrics.cache_written_bytes),
         )
         tell_siblings = _tell(peers, siblings.indexes) if siblings and peers else None

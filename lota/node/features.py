@@ -59,6 +59,14 @@ def _no_etag(bucket: str, key: str) -> str:
     return ""
 
 
+def _no_position() -> int | None:
+    return None
+
+
+def _save_nothing(position: int) -> None:
+    pass
+
+
 def _tell_no_one(told: dict[str, Any]) -> None:
     return None
 
@@ -104,6 +112,11 @@ class CacheFeature:
     to answer once, in a cluster the members to be known."""
     cached_etag: Callable[[str, str], str] = _no_etag
     """The ETag of this node's cached copy of (bucket, key); "" when it has none."""
+    event_position: Callable[[], int | None] = _no_position
+    """The catalog event position saved with this worker's cache when it was opened (None
+    if none was): its event stream resumes after it (:mod:`lota.node.invalidation`)."""
+    save_event_position: Callable[[int], None] = _save_nothing
+    """Every catalog event up to this position has been applied to this worker's cache."""
     writes: WriteCache = field(default_factory=WriteCache.off)
     """What accelerated writes ask of the cache: keep what they write, serve it back."""
     plan_hit: Callable[[Mapping[str, str], Target], HitPlan | None] = _no_plan

@@ -26,6 +26,8 @@ log = logging.getLogger("lota.node")
 
 _RETRY_FIRST, _RETRY_MOST = 0.5, 5.0
 """Seconds before an event whose handling the catalog failed is handled again (doubling)."""
+CATCH_UP_TIMEOUT = 10.0
+"""Seconds a starting worker waits for the events it missed to be handled."""
 
 # Operations after which cached copies of the addressed object(s) are stale.
 INVALIDATING = frozenset(
@@ -78,6 +80,36 @@ class Invalidation:
             await self._catalog.publish(EventKind.INVALIDATE, bucket, key)
 
 
+async def resume_after(catalog: Catalog, saved: int | None) -> int | None:
+    """Where a worker's event stream starts: after the position saved with its cache, if
+    the catalog still holds every event since (events are pruned by age); else from now
+    on (None), and copies written elsewhere meanwhile are left to revalidation."""
+    if saved is None:
+        return None
+    last = await catalog.last_event_id()
+    oldest = await catalog.events_after(0, 1)
+    if saved > last or (saved < last and (not oldest or oldest[0].id > saved + 1)):
+        log.warning(
+            "the catalog no longer holds the events since this cache's position (%d; it "
+            "holds %s up to %d): writes made elsewhere meanwhile are caught by revalidation",
+            saved,
+            f"from {oldest[0].id}" if oldest else "none",
+            last,
+        )
+        return None
+    return saved
+
+
+async def catch_up(stream: EventStream) -> None:
+    """Wait until the follower has handled every event committed so far, so that what was
+    written elsewhere while this worker was down is dropped before it serves; at most
+    :data:`CATCH_UP_TIMEOUT` (a catalog slow to answer delays serving, never stops it)."""
+    try:
+        await asyncio.wait_for(stream.caught_up.wait(), CATCH_UP_TIMEOUT)
+    except TimeoutError:
+        log.warning("catalog events: not caught up after %.0fs; serving", CATCH_UP_TIMEOUT)
+
+
 async def follow_events(
     stream: EventStream,
     catalog: Catalog,
@@ -90,13 +122,15 @@ async def follow_events(
     have cached an older one) but keep that one (its writer kept it as it was written).
     Hand ``document`` events (the lifecycle rules changed) to `documents`. `stream` is
     ``catalog.events()``, opened by the caller before it read what the events update (the
-    rules), so nothing committed in between is missed; closed here.
+    rules), so nothing committed in between is missed, and after the position saved with
+    the cache (:func:`resume_after`), which each event handled moves on; closed here.
 
     An event whose handling the catalog fails (an outage while the rules are read again)
     is handled again until it works, the next events waiting behind it, as the stream
     itself waits out an outage (a ``migrated`` event does not wait: it drops every
     version held); any other failure is logged and the next event handled."""
     async with stream:
+        cache.save_event_position(stream.position)
         async for event in stream:
             delay = _RETRY_FIRST
             while not stream.closed:
@@ -117,6 +151,7 @@ async def follow_events(
                 except Exception:
                     log.exception("catalog event %d (%s) not handled", event.id, event.kind)
                     break
+            cache.save_event_position(stream.position)
 
 
 async def _follow(

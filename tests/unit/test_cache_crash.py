@@ -481,3 +481,26 @@ async def test_unreadable_index_starts_an_empty_cache(
     await store.sweep()
     assert chunk_files(*dirs) == []
     await fill(store, await store.admit(ObjectMeta("b", "k", "e", CS, "", ())), 0)
+
+
+async def test_the_event_position_is_saved_with_the_changes_before_it_and_read_at_open(
+    dirs: list[Path],
+) -> None:
+    dirs[0].mkdir()
+    path = str(dirs[0] / "index.sqlite")
+    index = Index(path, chunk_size=CS, dirs=[str(dirs[0])])
+    await index.open()
+    assert index.event_position is None
+    index.put_chunk(new_stem("b", "k", "e", ""), 0, 0, CS, 1)
+    index.save_event_position(7)
+    index.save_event_position(9)  # the batch's one position is the last
+    assert index.pending == 2
+    await index.close()
+    index = Index(path, chunk_size=CS, dirs=[str(dirs[0])])
+    await index.open()
+    assert index.event_position == 9
+    await index.close()
+    index = Index(path, chunk_size=2 * CS, dirs=[str(dirs[0])])  # the layout changed
+    await index.open()
+    assert index.event_position is None  # nothing cached is left to be stale
+    await index.close()

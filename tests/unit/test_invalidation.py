@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lota.catalog import Event, EventKind, open_catalog
-from lota.clock import Clock
+from lota.clock import Clock, FakeClock
 from lota.errors import CatalogUnavailable
 from lota.node import invalidation
 from lota.node.features import CacheFeature
@@ -93,3 +93,45 @@ async def test_a_migrated_event_whose_version_the_catalog_cannot_say_drops_every
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
         await here.close()
+
+
+async def test_a_worker_resumes_after_its_saved_position_only_while_the_catalog_holds_what_followed(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    catalog = await open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", clock=clock, node="n")
+    try:
+        assert await invalidation.resume_after(catalog, None) is None
+        for key in ("a", "b", "c"):
+            await catalog.publish(EventKind.INVALIDATE, "bkt", key)
+        clock.advance(3600)
+        for key in ("d", "e"):
+            await catalog.publish(EventKind.INVALIDATE, "bkt", key)
+        assert [await invalidation.resume_after(catalog, n) for n in (0, 2, 5)] == [0, 2, 5]
+        assert await invalidation.resume_after(catalog, 6) is None  # another catalog's
+        await catalog.prune(versions_older_than=60, events_older_than=60)  # a, b, c
+        assert await invalidation.resume_after(catalog, 3) == 3  # d, e: all it missed
+        assert await invalidation.resume_after(catalog, 2) is None  # c is gone
+        assert await invalidation.resume_after(catalog, 5) == 5
+    finally:
+        await catalog.close()
+
+
+async def test_a_stream_says_when_its_reader_has_taken_every_event_committed(
+    tmp_path: Path,
+) -> None:
+    catalog = await open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", clock=Clock(), node="n")
+    try:
+        for key in ("a", "b"):
+            await catalog.publish(EventKind.INVALIDATE, "bkt", key)
+        async with await catalog.events(after=0) as stream:
+            assert (await anext(stream)).key == "a"
+            assert not stream.caught_up.is_set()
+            assert (await anext(stream)).key == "b"
+            assert not stream.caught_up.is_set()  # "b" may still be in hand
+            waiting = asyncio.ensure_future(anext(stream))
+            await asyncio.wait_for(stream.caught_up.wait(), 5)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+    finally:
+        await catalog.close()

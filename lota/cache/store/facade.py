@@ -342,6 +342,17 @@ class CacheStore:
         self._index.put_object(object_row(obj))
         return obj
 
+    @property
+    def event_position(self) -> int | None:
+        """The catalog event position saved with this cache (:meth:`save_event_position`)
+        when it was opened; None if none was."""
+        return self._index.event_position
+
+    def save_event_position(self, position: int) -> None:
+        """Every catalog event up to `position` has been applied here: saved with the
+        changes those events made, a restart resumes the events after it."""
+        self._index.save_event_position(position)
+
     async def invalidate(self, bucket: str, key: str) -> None:
         """Drop the entry and its chunks (writes and deletes through LOTA call this)."""
         self.changed_at = time.monotonic()
