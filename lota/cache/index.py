@@ -100,6 +100,8 @@ class Index:
         self._retry_delay = retry_delay
         self._flushing = asyncio.Lock()
         self._refused = False
+        self._position: int | None = None  # to save with the next commit
+        self._changes_lost = False
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lota-cache-index")
         self._conn: sqlite3.Connection | None = None
         self._ops: list[_Op] = []
@@ -158,14 +160,23 @@ class Index:
         self._queue(_DELETE_CHUNK, (stem, index))
 
     def save_event_position(self, position: int) -> None:
-        """Save the catalog event position with the changes queued so far (those its
-        events made) or after them: a restart resumes the events from there, so writes
-        made elsewhere while it was down still drop their cached copies here."""
-        op = (_PUT_META, (EVENT_POSITION, str(position)))
-        if self._ops and self._ops[-1][0] == _PUT_META:
-            self._ops[-1] = op  # one position per batch is enough
-        else:
-            self._queue(*op)
+        """Save the catalog event position with the next commit, after the changes queued
+        so far (those its events made): a restart resumes the events from there, so writes
+        made elsewhere while it was down still drop their cached copies here. Once changes
+        were lost, no later position is saved: the last one saved is older than they are,
+        and replaying from it makes up for them."""
+        if not self._changes_lost:
+            self._position = position
+            self._queued.set()
+
+    def _lost(self) -> None:
+        """Changes were lost (a deletion among them would bring a row back at the next
+        start): keep the position saved before them."""
+        if not self._changes_lost:
+            log.warning("cache index: changes lost; its event position stays where it was")
+        self._changes_lost = True
+        self._position = None
+        self._ops = [op for op in self._ops if op[0] != _PUT_META]
 
     async def run(self) -> None:
         """Commit queued changes in batches until cancelled (the store's task owns this)."""
@@ -178,6 +189,7 @@ class Index:
             except Exception:  # keep committing later batches whatever happened to this one
                 self.errors += 1
                 log.exception("cache index commit failed")
+                self._lost()
                 committed = False
             if not committed:
                 await asyncio.sleep(self._retry_delay)
@@ -192,6 +204,9 @@ class Index:
         the caller does not cancel the commit (the changes are off the queue): the caller
         waits for it to end."""
         async with self._flushing:  # one commit at a time: changes kept stay in order
+            if self._position is not None:
+                self._ops.append((_PUT_META, (EVENT_POSITION, str(self._position))))
+                self._position = None
             ops, self._ops = self._ops, []
             self._queued.clear()
             self._full.clear()
@@ -215,6 +230,7 @@ class Index:
         if code != sqlite3.SQLITE_FULL and code & 0xFF != sqlite3.SQLITE_IOERR:
             self.errors += 1
             log.error("cache index commit of %d changes failed: %s", len(ops), error)
+            self._lost()
             return False
         if not self._refused:
             log.warning("cache index commit of %d changes: %s; trying again", len(ops), error)
@@ -223,6 +239,7 @@ class Index:
             deletions = [op for op in ops if op[0] in _DELETES]
             if len(deletions) + len(self._ops) > 4 * self._keep_limit:
                 deletions = []
+                self._lost()
             self.errors += 1
             log.error(
                 "cache index: dropped %d changes the disk would not take, kept %d deletions",
@@ -239,6 +256,7 @@ class Index:
         """A commit whose caller was cancelled: nobody else would hear that it failed."""
         self.errors += 1
         log.error("cache index commit failed", exc_info=exc)
+        self._lost()
 
     async def backpressure(self) -> None:
         """Wait for a commit when far more changes are queued than one batch holds."""

@@ -138,12 +138,15 @@ class EventStream:
         self._failing = False
         self.caught_up = asyncio.Event()
         """Set once the reader has taken every event committed so far (it asks for the
-        next one and there is none yet): those handled one by one are handled by then."""
+        next one and the catalog says there is none yet): those handled one by one are
+        handled by then."""
 
     @property
     def position(self) -> int:
-        """Resume a later stream from here and nothing is missed (some may repeat)."""
-        return self._cursor.floor
+        """Resume a later stream from here and nothing is missed (some may repeat): below
+        every event not yet taken from the stream, those read and waiting included."""
+        floor = self._cursor.floor
+        return min(floor, self._ready[0].id - 1) if self._ready else floor
 
     @property
     def closed(self) -> bool:
@@ -162,7 +165,8 @@ class EventStream:
                 raise StopAsyncIteration
             more = await self._refill()
             if not self._ready and not more:
-                self.caught_up.set()
+                if not self._failing:
+                    self.caught_up.set()
                 await self._waker.wait(self._poll)
         return self._ready.popleft()
 

@@ -132,10 +132,13 @@ async def follow_events(
     async with stream:
         cache.save_event_position(stream.position)
         async for event in stream:
+            # Catching up after a restart, this node's own writes count too: a sibling
+            # worker took them while this one was down, and could not tell it.
+            own = node if stream.caught_up.is_set() else ""
             delay = _RETRY_FIRST
             while not stream.closed:
                 try:
-                    await _follow(event, catalog, cache, node, documents)
+                    await _follow(event, catalog, cache, own, documents)
                     break
                 except CatalogError as exc:
                     log.log(
@@ -151,6 +154,8 @@ async def follow_events(
                 except Exception:
                     log.exception("catalog event %d (%s) not handled", event.id, event.kind)
                     break
+            else:
+                return  # closed while the event waited to be handled again: not handled
             cache.save_event_position(stream.position)
 
 
@@ -158,9 +163,11 @@ async def _follow(
     event: Event,
     catalog: Catalog,
     cache: CacheFeature,
-    node: str,
+    own: str,
     documents: Callable[[Event], Awaitable[None]],
 ) -> None:
+    """Handle one event; invalidations by node `own` (this one, whose writes dropped
+    their copies here as they were made) are passed over."""
     if event.kind == EventKind.DOCUMENT:
         await documents(event)
     elif event.kind == EventKind.MIGRATED:
@@ -170,7 +177,7 @@ async def _follow(
             except CatalogError:  # not knowing which version is home: keep none
                 keep = ""
             await cache.invalidate(event.bucket, event.key, keep if keep == held else "")
-    elif event.node != node and event.kind in _INVALIDATING_EVENTS:
+    elif event.node != own and event.kind in _INVALIDATING_EVENTS:
         await cache.invalidate(event.bucket, event.key)
 
 

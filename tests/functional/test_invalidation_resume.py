@@ -87,6 +87,5 @@ async def test_a_node_restarted_with_nothing_written_meanwhile_keeps_its_copies(
         await elsewhere.publish(EventKind.INVALIDATE, bucket, "another")
     finally:
         await elsewhere.close()
-    async with running_node(node_config(settings)) as node:
-        await asyncio.sleep(0.5)
+    async with running_node(node_config(settings)) as node:  # caught up before it serves
         assert await _get(f"{node.url}/{bucket}/k") == (b"v", "HIT")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from lota.catalog import Event, EventKind, open_catalog
+from lota.catalog.events import EventCursor, EventStream, Waker
 from lota.clock import Clock, FakeClock
 from lota.errors import CatalogUnavailable
 from lota.node import invalidation
@@ -135,3 +137,65 @@ async def test_a_stream_says_when_its_reader_has_taken_every_event_committed(
             await asyncio.gather(waiting, return_exceptions=True)
     finally:
         await catalog.close()
+
+
+async def test_the_position_saved_covers_each_event_once_handled_and_none_read_ahead(
+    tmp_path: Path,
+) -> None:
+    """The stream reads events in batches; the position saved after each one handled
+    stays below those read and not yet handled. Catching up, this node's own writes
+    count (a sibling worker took them while this one was down); after, they do not."""
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    here = await open_catalog(url, clock=Clock(), node="here")
+    elsewhere = await open_catalog(url, clock=Clock(), node="elsewhere")
+    saved: list[int] = []
+    dropped: list[str] = []
+
+    async def invalidate(bucket: str, key: str, keep: str = "") -> None:
+        dropped.append(key)
+
+    async def documents(event: Event) -> None: ...
+
+    cache = dataclasses.replace(
+        CacheFeature.off(), invalidate=invalidate, save_event_position=saved.append
+    )
+    await elsewhere.publish(EventKind.INVALIDATE, "bkt", "a")
+    await here.publish(EventKind.INVALIDATE, "bkt", "b")  # a sibling's write, missed
+    await elsewhere.publish(EventKind.INVALIDATE, "bkt", "c")
+    stream = await here.events(after=0)
+    follower = asyncio.ensure_future(
+        invalidation.follow_events(stream, here, cache, "here", documents)
+    )
+    try:
+        await invalidation.catch_up(stream)
+        assert (saved, dropped) == ([0, 1, 2, 3], ["a", "b", "c"])
+        await here.publish(EventKind.INVALIDATE, "bkt", "d")  # this worker's own write
+        await elsewhere.publish(EventKind.INVALIDATE, "bkt", "e")
+        async with asyncio.timeout(10):
+            while saved[-1] != 5:
+                await asyncio.sleep(0.01)
+        assert dropped == ["a", "b", "c", "e"]
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        for catalog in (here, elsewhere):
+            await catalog.close()
+
+
+class _Down:
+    """A catalog that cannot be read (what an outage looks like to a stream)."""
+
+    async def events_after(self, after: int, limit: int) -> list[Event]:
+        raise CatalogUnavailable("catalog down")
+
+    async def events_by_id(self, ids: Sequence[int]) -> list[Event]:
+        raise CatalogUnavailable("catalog down")
+
+
+async def test_a_stream_that_cannot_read_is_not_caught_up() -> None:
+    stream = EventStream(_Down(), Waker(), EventCursor(0, gap_timeout=5), poll_interval=0.01)
+    reader = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.1)
+    assert not stream.caught_up.is_set()
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
