@@ -189,7 +189,6 @@ class Index:
             except Exception:  # keep committing later batches whatever happened to this one
                 self.errors += 1
                 log.exception("cache index commit failed")
-                self._lost()
                 committed = False
             if not committed:
                 await asyncio.sleep(self._retry_delay)
@@ -211,11 +210,17 @@ class Index:
             self._queued.clear()
             self._full.clear()
             commit = self._call(self._commit, ops)
-            size, error = await outlast(
-                commit,
-                on_orphan=lambda outcome: self._committed(ops, *outcome),
-                on_orphan_error=self._orphan_failed,
-            )
+            try:
+                size, error = await outlast(
+                    commit,
+                    on_orphan=lambda outcome: self._committed(ops, *outcome),
+                    on_orphan_error=self._orphan_failed,
+                )
+            except asyncio.CancelledError:
+                raise
+            except BaseException:
+                self._lost()
+                raise
             return self._committed(ops, size, error)
 
     def _committed(self, ops: list[_Op], size: int, error: sqlite3.Error | None) -> bool:

@@ -17,7 +17,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Protocol
 
@@ -136,6 +136,9 @@ class EventStream:
         self._batch = batch
         self._ready: collections.deque[Event] = collections.deque()
         self._failing = False
+        self.on_idle: Callable[[], object] | None = None
+        """Called each time the reader has taken every event committed so far and the
+        stream waits for more (its :attr:`position` may have moved: holes given up)."""
         self.caught_up = asyncio.Event()
         """Set once the reader has taken every event committed so far (it asks for the
         next one and the catalog says there is none yet): those handled one by one are
@@ -167,6 +170,8 @@ class EventStream:
             if not self._ready and not more:
                 if not self._failing:
                     self.caught_up.set()
+                    if self.on_idle is not None:
+                        self.on_idle()
                 await self._waker.wait(self._poll)
         return self._ready.popleft()
 

@@ -129,8 +129,17 @@ async def follow_events(
     is handled again until it works, the next events waiting behind it, as the stream
     itself waits out an outage (a ``migrated`` event does not wait: it drops every
     version held); any other failure is logged and the next event handled."""
+    saved = -1
+
+    def save() -> None:  # after each event handled, and when idle (holes given up)
+        nonlocal saved
+        if stream.position != saved:
+            saved = stream.position
+            cache.save_event_position(saved)
+
     async with stream:
-        cache.save_event_position(stream.position)
+        save()
+        stream.on_idle = save
         async for event in stream:
             # Catching up after a restart, this node's own writes count too: a sibling
             # worker took them while this one was down, and could not tell it.
@@ -156,7 +165,7 @@ async def follow_events(
                     break
             else:
                 return  # closed while the event waited to be handled again: not handled
-            cache.save_event_position(stream.position)
+            save()
 
 
 async def _follow(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lota.catalog import Event, EventKind, open_catalog
+from lota.catalog import CatalogSettings, Event, EventKind, open_catalog
 from lota.catalog.events import EventCursor, EventStream, Waker
 from lota.clock import Clock, FakeClock
 from lota.errors import CatalogUnavailable
@@ -183,13 +183,20 @@ async def test_the_position_saved_covers_each_event_once_handled_and_none_read_a
 
 
 class _Down:
-    """A catalog that cannot be read (what an outage looks like to a stream)."""
+    """A catalog that cannot be read while `down` (what an outage looks like to a stream),
+    and holds no events."""
+
+    down = True
 
     async def events_after(self, after: int, limit: int) -> list[Event]:
-        raise CatalogUnavailable("catalog down")
+        if self.down:
+            raise CatalogUnavailable("catalog down")
+        return []
 
     async def events_by_id(self, ids: Sequence[int]) -> list[Event]:
-        raise CatalogUnavailable("catalog down")
+        if self.down:
+            raise CatalogUnavailable("catalog down")
+        return []
 
 
 async def test_a_stream_that_cannot_read_is_not_caught_up() -> None:
@@ -197,5 +204,53 @@ async def test_a_stream_that_cannot_read_is_not_caught_up() -> None:
     reader = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0.1)
     assert not stream.caught_up.is_set()
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+
+
+async def test_a_position_held_low_by_holes_is_saved_again_once_they_are_given_up(
+    tmp_path: Path,
+) -> None:
+    """A stream from now on awaits the ids below its start that are not in the catalog
+    (maybe not committed yet; here pruned): its position is below them until they are
+    given up, and is saved again then, with no event to handle (a quiet cluster), so that
+    the next start finds the catalog still holds what follows it."""
+    clock = FakeClock()
+    settings = CatalogSettings(poll_interval=0.05, gap_timeout=0.3)
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    catalog = await open_catalog(url, clock=clock, node="n", settings=settings)
+    saved: list[int] = []
+
+    async def documents(event: Event) -> None: ...
+
+    cache = dataclasses.replace(CacheFeature.off(), save_event_position=saved.append)
+    for key in ("a", "b", "c"):
+        await catalog.publish(EventKind.INVALIDATE, "bkt", key)
+    clock.advance(3600)
+    await catalog.prune(versions_older_than=60, events_older_than=60)
+    stream = await catalog.events()
+    follower = asyncio.ensure_future(
+        invalidation.follow_events(stream, catalog, cache, "n", documents)
+    )
+    try:
+        async with asyncio.timeout(10):
+            while saved[-1:] != [3]:
+                await asyncio.sleep(0.02)
+        assert saved == [0, 3]
+        assert await invalidation.resume_after(catalog, saved[-1]) == 3
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        await catalog.close()
+
+
+async def test_a_stream_catches_up_once_it_can_read_again() -> None:
+    source = _Down()
+    stream = EventStream(source, Waker(), EventCursor(0, gap_timeout=5), poll_interval=0.01)
+    reader = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.1)
+    assert not stream.caught_up.is_set()
+    source.down = False
+    await asyncio.wait_for(stream.caught_up.wait(), 5)
     reader.cancel()
     await asyncio.gather(reader, return_exceptions=True)
