@@ -254,3 +254,34 @@ async def test_a_stream_catches_up_once_it_can_read_again() -> None:
     await asyncio.wait_for(stream.caught_up.wait(), 5)
     reader.cancel()
     await asyncio.gather(reader, return_exceptions=True)
+
+
+async def test_an_event_still_failing_when_the_stream_closes_moves_no_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(invalidation, "_RETRY_FIRST", 0.01)
+    catalog = await open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", clock=Clock(), node="n")
+    saved: list[int] = []
+    tries: list[int] = []
+
+    async def documents(event: Event) -> None:
+        tries.append(event.id)
+        raise CatalogUnavailable("catalog down while the rules are read again")
+
+    cache = dataclasses.replace(CacheFeature.off(), save_event_position=saved.append)
+    await catalog.publish(EventKind.DOCUMENT, "", "rules", 1)
+    stream = await catalog.events(after=0)
+    follower = asyncio.ensure_future(
+        invalidation.follow_events(stream, catalog, cache, "n", documents)
+    )
+    try:
+        async with asyncio.timeout(10):
+            while len(tries) < 3:
+                await asyncio.sleep(0.01)
+        await stream.aclose()
+        await asyncio.wait_for(follower, 5)
+        assert saved == [0]  # the rules were never read: the next start reads them again
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        await catalog.close()
