@@ -15,8 +15,11 @@ lose the last commits, but not consistency.
 Tables: ``objects`` (one row per cached object: identity, size, headers to replay, parts
 layout), ``chunks`` (object stem, index, directory number, length, xxh3-64 digest; rowid
 order is fill order, which the store replays into its eviction queues) and ``meta``
-(schema version, chunk size, directory list). Whether a chunk is pinned is not stored: it
-follows from the configured pinned prefixes, so changing them takes effect at restart.
+(schema version, chunk size, directory list, and the catalog event position: committed
+after the changes its events made, and no longer once a commit's changes were lost, so a
+restart replays from it whatever this cache may not have applied). Whether a chunk is
+pinned is not stored: it follows from the configured pinned prefixes, so changing them
+takes effect at restart.
 """
 
 from __future__ import annotations
