@@ -20,7 +20,9 @@ alternated in each round of a 64 KiB cell, and the medians are reported: a cell 
 a second, and on a shared machine one second's share of the cores can swing a ratio by a
 fifth. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx (each round's too); the
 CPU each spent per request, and the load generator's (the two cores are shared: what
-one server's answers cost the load generator to read is taken from that server).
+one server's answers cost the load generator to read is taken from that server); how busy
+the load generator was (its CPU time over the cell's wall time: near 100%, it bounds the
+cell, not the server), and what share of the two cores sat idle.
 
     python -m bench.nginx                 # ~4 minutes
     python -m bench.nginx --requests 5000 --sets 1000
@@ -142,6 +144,18 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def machine_times() -> tuple[int, int]:
+    """The machine's idle time (idle and waiting for I/O) and its whole time so far, over
+    all cores, in clock ticks (``/proc/stat``)."""
+    ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def idle_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the cores' time that was idle between two :func:`machine_times`."""
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
+
+
 def lota_pids(node: LotaProcess) -> list[int]:
     assert node.proc is not None
     pid = node.proc.pid
@@ -164,10 +178,11 @@ async def cell(
 ) -> dict[str, Any]:
     warm = [get_request(u) for u in urls[: max(2 * concurrency, 256)]]
     timed = [get_request(urls[i % len(urls)]) for i in range(count)]
-    cpu = cpu_seconds(pids)
+    cpu, machine = cpu_seconds(pids), machine_times()
     loop = asyncio.get_running_loop()
     out = await loop.run_in_executor(pool, run_cell, warm, timed, concurrency, 64 * KiB)
     used = cpu_seconds(pids) - cpu
+    idle = idle_share(machine, machine_times())
     n = len(out["samples"])
     return {
         "n": n,
@@ -175,6 +190,8 @@ async def cell(
         "req_per_s": n / out["wall_s"],
         "cpu_us_per_req": used / max(n, 1) * 1e6,
         "client_cpu_us_per_req": out["client_cpu_s"] / max(n, 1) * 1e6,
+        "client_busy": out["client_cpu_s"] / out["wall_s"],
+        "idle": idle,
         **percentiles(out["samples"]),
     }
 
@@ -246,13 +263,22 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
+# The figures of a cell's rounds that its row gives the median of.
+_MEDIANS = (
+    "req_per_s",
+    "p50",
+    "p99",
+    "cpu_us_per_req",
+    "client_cpu_us_per_req",
+    "client_busy",
+    "idle",
+)
+
+
 def medians(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """One system's rounds of a cell: the median of each figure (the upper one of an even
     count), every round's req/s, and every error."""
-    row: dict[str, Any] = {
-        key: sorted(c[key] for c in cells)[len(cells) // 2]
-        for key in ("req_per_s", "p50", "p99", "cpu_us_per_req", "client_cpu_us_per_req")
-    }
+    row: dict[str, Any] = {key: sorted(c[key] for c in cells)[len(cells) // 2] for key in _MEDIANS}
     row["rounds_req_per_s"] = [c["req_per_s"] for c in cells]
     row["n"] = sum(c["n"] for c in cells)
     row["errors"] = dict(sum((Counter(c["errors"]) for c in cells), Counter()))
@@ -283,6 +309,8 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                     f"{lota['p99'] / nginx['p99']:.2f}x",
                     f"{lota['cpu_us_per_req']:.0f} / {nginx['cpu_us_per_req']:.0f}",
                     f"{lota['client_cpu_us_per_req']:.0f} / {nginx['client_cpu_us_per_req']:.0f}",
+                    f"{lota['client_busy']:.0%} / {nginx['client_busy']:.0%}",
+                    f"{lota['idle']:.0%} / {nginx['idle']:.0%}",
                 ]
             )
     catalog = " and a SQLite catalog" if args.catalog else ""
@@ -304,6 +332,8 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                 "p99 LOTA / nginx",
                 "CPU µs/req LOTA / nginx",
                 "load generator µs/req",
+                "load generator busy",
+                "cores idle",
             ],
             rows,
         )

@@ -12,6 +12,8 @@ def _cell(req_per_s: float, p99: float, errors: dict[str, int]) -> dict[str, obj
         "req_per_s": req_per_s,
         "cpu_us_per_req": req_per_s / 1000,
         "client_cpu_us_per_req": 1.0,
+        "client_busy": 0.5,
+        "idle": 0.25,
         "p50": p99 / 2,
         "p99": p99,
         "p99.9": p99 * 2,
