@@ -107,9 +107,10 @@ class Node:
         self.metrics = metrics
         self._drain = drain
         self._worker = worker
+        self.answers = answers or Answers()
         server = S3Server(
             handler,
-            answers=answers,
+            answers=self.answers,
             limits=limits,
             metrics=metrics,
             request_id=next_request_id,
