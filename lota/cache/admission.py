@@ -70,8 +70,9 @@ class FrequencySketch:
         size = 1 << max(10, (width - 1).bit_length())
         self._table = bytearray(size)
         self._mask = size - 1
-        self._period = max(1, period)
-        self._reads = 0
+        self.period = max(1, period)
+        self.reads = 0
+        """Reads counted since the last halving (:meth:`counted`)."""
 
     def _slots(self, fingerprint: int) -> tuple[int, int, int, int]:
         h = (fingerprint * _MIX) & _U64
@@ -84,28 +85,31 @@ class FrequencySketch:
         a, b, c, d = self._slots(fingerprint)
         return min(table[a], table[b], table[c], table[d])
 
-    def add(self, fingerprint: int) -> None:
-        # Unrolled, _slots written out: this runs on every cache hit.
+    def add(self, fingerprint: int, times: int = 1) -> None:
+        """Raise the key's counters by `times` reads, as `times` conservative updates in a
+        row would: each to the smallest plus `times` (at most 15) if it is lower. Its reads
+        are counted apart (:meth:`counted`)."""
         table = self._table
-        h = (fingerprint * _MIX) & _U64
-        step = (h >> 32) | 1
-        mask = self._mask
-        a, b, c, d = h & mask, (h + step) & mask, (h + 2 * step) & mask, (h + 3 * step) & mask
+        a, b, c, d = self._slots(fingerprint)
         ta, tb, tc, td = table[a], table[b], table[c], table[d]
-        low = min(ta, tb, tc, td)
-        if low < _MAX_COUNT:
-            if ta == low:
-                table[a] = low + 1
-            if tb == low:
-                table[b] = low + 1
-            if tc == low:
-                table[c] = low + 1
-            if td == low:
-                table[d] = low + 1
-        self._reads += 1
-        if self._reads >= self._period:
-            self._table = bytearray(table.translate(_HALF))
-            self._reads = 0
+        top = min(ta, tb, tc, td, _MAX_COUNT - times) + times
+        if ta < top:
+            table[a] = top
+        if tb < top:
+            table[b] = top
+        if tc < top:
+            table[c] = top
+        if td < top:
+            table[d] = top
+
+    def counted(self) -> bool:
+        """One more read counted; True when that ends a period (then :meth:`halve`)."""
+        self.reads += 1
+        return self.reads >= self.period
+
+    def halve(self) -> None:
+        self._table = bytearray(self._table.translate(_HALF))
+        self.reads = 0
 
 
 class Admission(Generic[K]):
@@ -137,13 +141,24 @@ class Admission(Generic[K]):
         self._clock = 0
         """Bytes read through the cache so far: the time chunks age in."""
         self._read_at: dict[K, int] = {}
+        # Reads of cached chunks not yet raised in the sketch (hit): raised before their
+        # count is asked (as a victim's), before they are removed and before a halving, all
+        # of a chunk's at once, as that many updates in a row would (FrequencySketch.add).
+        self._held_reads: dict[K, int] = {}
         # Moving means of the intervals between two reads of a cached chunk, and of their
         # squares; None until a chunk is read again.
         self._intervals: tuple[float, float] | None = None
 
     def hit(self, key: K, size: int) -> None:
         """A cached chunk of `size` bytes was read."""
-        self._sketch.add(self._fingerprint(key))
+        # Its count is raised later, by all of its reads since at once (_raise_held): its
+        # sketch counters, hashed from its fingerprint, cost more than the rest of a hit.
+        held = self._held_reads
+        held[key] = held.get(key, 0) + 1
+        sketch = self._sketch
+        sketch.reads += 1  # sketch.counted(), written out: this runs on every hit
+        if sketch.reads >= sketch.period:
+            self._halve()
         clock = self._clock = self._clock + size
         last = self._read_at.get(key)
         self._read_at[key] = clock
@@ -163,7 +178,23 @@ class Admission(Generic[K]):
         """A client read a chunk that is not cached (it followed a fill, or it was relayed
         from the source or another node). Fetching a chunk ahead is not a read."""
         self._sketch.add(fingerprint)
+        if self._sketch.counted():
+            self._halve()
         self._clock += size
+
+    def _raise_held(self, key: K) -> None:
+        """Raise `key`'s count by the reads it has had since it was last raised."""
+        times = self._held_reads.pop(key, 0)
+        if times:
+            self._sketch.add(self._fingerprint(key), times)
+
+    def _halve(self) -> None:
+        """A period ends: every held read is counted, then every count halved."""
+        sketch, fingerprint = self._sketch, self._fingerprint
+        for key, times in self._held_reads.items():
+            sketch.add(fingerprint(key), times)
+        self._held_reads.clear()
+        sketch.halve()
 
     def admits(self, fingerprint: int, *, full: bool) -> bool:
         """Whether to keep a chunk about to be filled, asked before its read is counted.
@@ -173,6 +204,7 @@ class Admission(Generic[K]):
         victim, other = self._queues.tails()
         if victim is None or self._stale(victim) or self._stale(other):
             return True
+        self._raise_held(victim)
         if (
             self._sketch.count(fingerprint)
             >= self._sketch.count(self._fingerprint(victim)) + self._lead
@@ -187,8 +219,10 @@ class Admission(Generic[K]):
         if len(self._read_at) > 2 * self._entries:
             self._entries = len(self._read_at)
             self._sketch = FrequencySketch(16 * self._entries, 4 * self._entries)
+            self._held_reads.clear()  # counted in the sketch replaced, as they would have been
 
     def removed(self, key: K) -> None:
+        self._raise_held(key)  # its fingerprint's count outlives it (filled again later)
         self._read_at.pop(key, None)
 
     def _stale(self, key: K | None) -> bool:

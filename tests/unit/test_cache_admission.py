@@ -15,17 +15,62 @@ from lota.testing.cachesim import (
 )
 
 
+def read(sketch: FrequencySketch, fingerprint: int) -> None:
+    sketch.add(fingerprint)
+    if sketch.counted():
+        sketch.halve()
+
+
 def test_the_sketch_never_undercounts_and_halves_every_period() -> None:
     sketch = FrequencySketch(width=1024, period=100)
     for n in range(1, 6):
         for _ in range(n):
-            sketch.add(n)
+            read(sketch, n)
     assert [sketch.count(n) for n in range(1, 6)] >= [1, 2, 3, 4, 5]
     assert sketch.count(999) <= 1
     for _ in range(100 - 15):
-        sketch.add(12345)
+        read(sketch, 12345)
     assert sketch.count(12345) == 15 // 2  # 85 reads, counted up to 15, then halved
     assert sketch.count(5) == 5 // 2
+
+
+@pytest.mark.parametrize("times", [1, 2, 5, 20])
+def test_raising_a_count_by_several_reads_at_once_is_as_many_reads_in_a_row(times: int) -> None:
+    one_by_one, at_once = FrequencySketch(1024, 10_000), FrequencySketch(1024, 10_000)
+    for sketch in (one_by_one, at_once):  # counters of 7 and 8 set apart first
+        for fingerprint in [*range(50)] * 7 + [*range(0, 50, 3)]:
+            sketch.add(fingerprint)
+    for fingerprint in range(50):
+        for _ in range(times):
+            one_by_one.add(fingerprint)
+        at_once.add(fingerprint, times)
+    assert one_by_one._table == at_once._table
+
+
+def test_a_hit_is_counted_before_its_chunk_is_a_victim_removed_or_the_period_ends() -> None:
+    queues: S3FIFO[int] = S3FIFO()
+    rule = Admission(queues, int, entries=8)  # a period of 4 x 1,024 reads
+    for chunk in range(3):
+        queues.insert(chunk, 1)
+        rule.added(chunk)
+    for _ in range(5):
+        rule.hit(0, 1)
+        rule.hit(1, 1)
+    assert queues.tails() == (0, None)
+    for _ in range(7):
+        rule.read(100, 0)  # of no bytes: the victim, read last a byte ago, is not stale
+    assert not rule.admits(100, full=True)  # 7 reads against the victim's 5: not 3 more
+    rule.read(100, 0)
+    assert rule.admits(100, full=True)  # 8 against 5
+    for _ in range(3):
+        rule.hit(0, 1)
+    rule.removed(0)
+    assert rule._sketch.count(0) == 5 + 3  # its count outlives it
+    for _ in range(4 * 1024 - 21 - 1):  # 21 reads so far: one short of the period's end
+        rule.hit(2, 1)
+    assert rule._sketch.count(2) == 0  # held
+    rule.hit(2, 1)
+    assert rule._sketch.count(2) == 15 // 2  # counted up to 15, then halved
 
 
 def reread() -> tuple[S3FIFO[int], Admission[int]]:
