@@ -58,13 +58,18 @@ K = TypeVar("K", bound=Hashable)
 _U64 = (1 << 64) - 1
 _MIX = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: spreads consecutive fingerprints apart
 _MAX_COUNT = 15
+# Held reads are raised, a few per read, once more keys are held than this many times the
+# reads left in the period (Admission._counted): the later they are, the more of a key's
+# reads are raised at once.
+_DRAIN = 4
 _HALF = bytes(n // 2 for n in range(256))
 
 
 class FrequencySketch:
     """Approximate read counts (0..15) of many keys in one byte array: a count-min sketch,
     four counters per key found by double hashing, raised by conservative update (only the
-    smallest ones), all halved every `period` reads. It overcounts, never undercounts."""
+    smallest ones), all halved every `period` reads (the caller counts them in `reads`, and
+    halves: :meth:`halve`). It overcounts, never undercounts."""
 
     def __init__(self, width: int, period: int) -> None:
         size = 1 << max(10, (width - 1).bit_length())
@@ -72,7 +77,7 @@ class FrequencySketch:
         self._mask = size - 1
         self.period = max(1, period)
         self.reads = 0
-        """Reads counted since the last halving (:meth:`counted`)."""
+        """Reads counted since the last halving."""
 
     def _slots(self, fingerprint: int) -> tuple[int, int, int, int]:
         h = (fingerprint * _MIX) & _U64
@@ -88,7 +93,7 @@ class FrequencySketch:
     def add(self, fingerprint: int, times: int = 1) -> None:
         """Raise the key's counters by `times` reads, as `times` conservative updates in a
         row would: each to the smallest plus `times` (at most 15) if it is lower. Its reads
-        are counted apart (:meth:`counted`)."""
+        are counted apart (`reads`)."""
         table = self._table
         a, b, c, d = self._slots(fingerprint)
         ta, tb, tc, td = table[a], table[b], table[c], table[d]
@@ -102,12 +107,9 @@ class FrequencySketch:
         if td < top:
             table[d] = top
 
-    def counted(self) -> bool:
-        """One more read counted; True when that ends a period (then :meth:`halve`)."""
-        self.reads += 1
-        return self.reads >= self.period
-
     def halve(self) -> None:
+        """Halve every counter (the present weighs as much as all the past), and start a
+        new period."""
         self._table = bytearray(self._table.translate(_HALF))
         self.reads = 0
 
@@ -151,14 +153,14 @@ class Admission(Generic[K]):
 
     def hit(self, key: K, size: int) -> None:
         """A cached chunk of `size` bytes was read."""
-        # Its count is raised later, by all of its reads since at once (_raise_held): its
-        # sketch counters, hashed from its fingerprint, cost more than the rest of a hit.
+        # Its count is raised later, by all of its reads since at once (_held_reads):
+        # finding its sketch counters from its fingerprint cost a fifth of a small hit.
         held = self._held_reads
         held[key] = held.get(key, 0) + 1
         sketch = self._sketch
-        sketch.reads += 1  # sketch.counted(), written out: this runs on every hit
-        if sketch.reads >= sketch.period:
-            self._halve()
+        sketch.reads += 1  # _counted(), written out: this runs on every hit
+        if sketch.reads >= sketch.period or len(held) > _DRAIN * (sketch.period - sketch.reads):
+            self._counted()
         clock = self._clock = self._clock + size
         last = self._read_at.get(key)
         self._read_at[key] = clock
@@ -178,8 +180,8 @@ class Admission(Generic[K]):
         """A client read a chunk that is not cached (it followed a fill, or it was relayed
         from the source or another node). Fetching a chunk ahead is not a read."""
         self._sketch.add(fingerprint)
-        if self._sketch.counted():
-            self._halve()
+        self._sketch.reads += 1
+        self._counted()
         self._clock += size
 
     def _raise_held(self, key: K) -> None:
@@ -188,13 +190,25 @@ class Admission(Generic[K]):
         if times:
             self._sketch.add(self._fingerprint(key), times)
 
-    def _halve(self) -> None:
-        """A period ends: every held read is counted, then every count halved."""
-        sketch, fingerprint = self._sketch, self._fingerprint
-        for key, times in self._held_reads.items():
+    def _counted(self) -> None:
+        """A read was just counted. Near the period's end (more keys held than _DRAIN
+        times the reads left in it) held keys are raised a few per read, as many as keep
+        their number under that bound (each read holds one more at most), so that only a
+        few are left at the end; at the end, every held read is raised, then every count
+        halved. So the halving comes after the same reads as if each had been raised as it
+        came, and no read waits for more than a few keys to be raised (a cache of a
+        million chunks may hold as many)."""
+        sketch, held, fingerprint = self._sketch, self._held_reads, self._fingerprint
+        left = sketch.period - sketch.reads
+        if left <= 0:
+            for key, times in held.items():
+                sketch.add(fingerprint(key), times)
+            held.clear()
+            sketch.halve()
+            return
+        for _ in range(min(len(held), len(held) // left + 1)):
+            key, times = held.popitem()
             sketch.add(fingerprint(key), times)
-        self._held_reads.clear()
-        sketch.halve()
 
     def admits(self, fingerprint: int, *, full: bool) -> bool:
         """Whether to keep a chunk about to be filled, asked before its read is counted.

@@ -17,7 +17,8 @@ from lota.testing.cachesim import (
 
 def read(sketch: FrequencySketch, fingerprint: int) -> None:
     sketch.add(fingerprint)
-    if sketch.counted():
+    sketch.reads += 1
+    if sketch.reads >= sketch.period:
         sketch.halve()
 
 
@@ -71,6 +72,32 @@ def test_a_hit_is_counted_before_its_chunk_is_a_victim_removed_or_the_period_end
     assert rule._sketch.count(2) == 0  # held
     rule.hit(2, 1)
     assert rule._sketch.count(2) == 15 // 2  # counted up to 15, then halved
+
+
+def test_near_a_periods_end_held_reads_are_raised_a_few_per_read_and_few_wait_for_its_end() -> None:
+    queues: S3FIFO[int] = S3FIFO()
+    rule = Admission(queues, int, entries=8)
+    period = rule._sketch.period  # 4 x 1,024 reads
+    most = 0
+    for n in range(period - 1):
+        rule.hit(n % 3000, 1)  # 3,000 keys: reads 0..1,094 twice
+        most = max(most, len(rule._held_reads))
+    assert most == 3000  # all held until more were held than 4 x the reads left
+    assert len(rule._held_reads) <= 5  # the rest raised already, a few per read
+    rule.hit(2999, 1)  # the period ends: counted, then halved
+    assert not rule._held_reads
+    assert all(rule._sketch.count(k) >= 2 // 2 for k in (0, 1094, 2999))  # read twice, halved
+
+
+def test_reads_held_when_the_sketch_grows_are_dropped_with_the_counts_it_had() -> None:
+    queues: S3FIFO[int] = S3FIFO()
+    rule = Admission(queues, int, entries=1)  # grows past 2 x 1,024 chunks
+    for _ in range(5):
+        rule.hit(-1, 1)
+    for chunk in range(2 * 1024 + 1):
+        rule.added(chunk)
+    rule.removed(-1)
+    assert rule._sketch.count(-1) == 0  # counted in the sketch replaced, as before
 
 
 def reread() -> tuple[S3FIFO[int], Admission[int]]:
