@@ -13,6 +13,9 @@ with the store's watermarks, chunks of one size, fixed seeds (the same figures e
   cache), for a few skews (alpha) and budgets of 1% and 10% of the chunks.
 - Switch: a dataset read for 3 epochs, then another of the same size: the hit rate of each
   epoch of the second, with half of it cached (how soon a finished dataset makes way).
+- Workers: epochs again, the store hearing of only 1/N of the hits on its chunks, as a
+  chunk's owner among N workers does today (the others serve theirs from descriptors
+  they keep, and tell it nothing): budgets of 0.5 and 0.9 of the dataset.
 - Mixed: epochs with half the dataset cached, and 50 small files read as often as the
   dataset, in turns: the hit rates of the dataset (epochs 2..) and of the small files.
 """
@@ -84,6 +87,22 @@ def mixed_table(chunks: int, count: int, watermarks: tuple[float, float]) -> Non
         print(f"{policy:>10} {dataset / reads:>8.3f} {files / reads:>8.3f}", flush=True)
 
 
+def workers_table(chunks: int, count: int, watermarks: tuple[float, float]) -> None:
+    print(f"\nWorkers: {count} epochs over {chunks} chunks, the owner hearing of 1/N of the hits")
+    print(f"{'workers':>8} {'half':>8} {'0.9':>8}")
+    for workers in (1, 2, 8, 64):
+        rates = []
+        for fraction in (0.5, 0.9):
+            cache = SimulatedCache(int(fraction * chunks), "admission", *watermarks, 1 / workers)
+            hits = reads = 0
+            for epoch, chunk in epochs(chunks, count):
+                hit = cache.read(chunk)
+                if epoch > 0:
+                    hits, reads = hits + hit, reads + 1
+            rates.append(hits / reads)
+        print(f"{workers:>8} " + " ".join(f"{r:>8.3f}" for r in rates), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--chunks", type=int, default=20_000)
@@ -97,6 +116,7 @@ def main() -> None:
     zipf_table(args.zipf_chunks, args.zipf_reads, (high, low))
     switch_table(args.chunks, (high, low))
     mixed_table(args.chunks, args.epochs, (high, low))
+    workers_table(args.chunks, args.epochs, (high, low))
 
 
 if __name__ == "__main__":

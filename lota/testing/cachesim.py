@@ -33,13 +33,20 @@ class SimulatedCache:
         policy: Policy = "admission",
         high_watermark: float = 0.95,
         low_watermark: float = 0.90,
+        heard: float = 1.0,
     ) -> None:
+        """`heard`: the share of hits the store hears of, drawn at random (fixed seed). In
+        a node of N workers a chunk's other N - 1 workers serve their hits on it from the
+        descriptors they keep, and its owner's store hears of none of those
+        (:mod:`lota.workers.siblings`); misses it always hears of (it fills them)."""
         self.high = int(budget * high_watermark)
         self.low = int(budget * low_watermark)
         self.hits = self.reads = 0
         self._lru: OrderedDict[int, None] | None = OrderedDict() if policy == "lru" else None
         self._queues: S3FIFO[int] = S3FIFO()
         self._admission = Admission(self._queues, int, budget) if policy == "admission" else None
+        self._heard = heard
+        self._rng = random.Random(3)
 
     def read(self, chunk: int) -> bool:
         """Read `chunk`; whether it was a hit."""
@@ -47,9 +54,10 @@ class SimulatedCache:
         if self._lru is not None:
             hit = self._read_lru(self._lru, chunk)
         elif chunk in self._queues:
-            self._queues.access(chunk)
-            if self._admission is not None:
-                self._admission.hit(chunk, 1)
+            if self._heard >= 1.0 or self._rng.random() < self._heard:
+                self._queues.access(chunk)
+                if self._admission is not None:
+                    self._admission.hit(chunk, 1)
             hit = True
         else:
             self._fill(chunk)
