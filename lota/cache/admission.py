@@ -59,7 +59,7 @@ _U64 = (1 << 64) - 1
 _MIX = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: spreads consecutive fingerprints apart
 _MAX_COUNT = 15
 # Held reads are raised, a few per read, once more keys are held than this many times the
-# reads left in the period (Admission._counted): the later they are, the more of a key's
+# reads left in the period (Admission._raise_some): the later they are, the more of a key's
 # reads are raised at once.
 _DRAIN = 4
 _HALF = bytes(n // 2 for n in range(256))
@@ -154,13 +154,14 @@ class Admission(Generic[K]):
     def hit(self, key: K, size: int) -> None:
         """A cached chunk of `size` bytes was read."""
         # Its count is raised later, by all of its reads since at once (_held_reads):
-        # finding its sketch counters from its fingerprint cost a fifth of a small hit.
+        # finding its sketch counters from its fingerprint cost a fifth of the answer to a
+        # small hit (python -m bench.hitpath).
         held = self._held_reads
         held[key] = held.get(key, 0) + 1
         sketch = self._sketch
-        sketch.reads += 1  # _counted(), written out: this runs on every hit
+        sketch.reads += 1  # _count_read(), written out: this runs on every hit
         if sketch.reads >= sketch.period or len(held) > _DRAIN * (sketch.period - sketch.reads):
-            self._counted()
+            self._raise_some()
         clock = self._clock = self._clock + size
         last = self._read_at.get(key)
         self._read_at[key] = clock
@@ -180,8 +181,7 @@ class Admission(Generic[K]):
         """A client read a chunk that is not cached (it followed a fill, or it was relayed
         from the source or another node). Fetching a chunk ahead is not a read."""
         self._sketch.add(fingerprint)
-        self._sketch.reads += 1
-        self._counted()
+        self._count_read()
         self._clock += size
 
     def _raise_held(self, key: K) -> None:
@@ -190,7 +190,16 @@ class Admission(Generic[K]):
         if times:
             self._sketch.add(self._fingerprint(key), times)
 
-    def _counted(self) -> None:
+    def _count_read(self) -> None:
+        """Count one read in the period (then, near or at its end, :meth:`_raise_some`)."""
+        sketch = self._sketch
+        sketch.reads += 1
+        if sketch.reads >= sketch.period or len(self._held_reads) > _DRAIN * (
+            sketch.period - sketch.reads
+        ):
+            self._raise_some()
+
+    def _raise_some(self) -> None:
         """A read was just counted. Near the period's end (more keys held than _DRAIN
         times the reads left in it) held keys are raised a few per read, as many as keep
         their number under that bound (each read holds one more at most), so that only a
