@@ -22,7 +22,8 @@ fifth. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx (each round's to
 CPU each spent per request, and the load generator's (the two cores are shared: what
 one server's answers cost the load generator to read is taken from that server); how busy
 the load generator was (its CPU time over the cell's wall time: near 100%, it bounds the
-cell, not the server), and what share of the two cores sat idle.
+cell, not the server), and what share of the two cores sat idle (over the cell, its
+untimed warm-up of up to 256 requests included).
 
     python -m bench.nginx                 # ~4 minutes
     python -m bench.nginx --requests 5000 --sets 1000
