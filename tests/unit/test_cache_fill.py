@@ -212,9 +212,18 @@ async def test_prefetches_of_a_chunk_a_full_cache_declines_send_nothing_and_coun
     declined = store.stats()["declined_fills"]
     assert declined > 0  # the cache is full: keeping a chunk means evicting one
     new = await store.admit(_meta("new", CS))
-    # The index's files count in the cache's usage, and a commit (or the checkpoint after
-    # it) moves their size by up to a chunk's: commit now, not in the middle of the reads.
-    await store.flush()
+    # The fills above end anywhere between the low watermark and the high one, as they
+    # interleave with eviction and with the index's commits (its files count in the usage):
+    # fill on, a chunk at a time, until keeping the new chunk means evicting.
+    more = await store.admit(_meta("more", 8 * CS))
+    for index in range(8):
+        await store.flush()
+        if not store.keeps(new, 0):
+            break
+        await asyncio.wait_for(filler.fill_each(source, more, [index]), 5)
+    else:
+        pytest.fail("eight more chunks did not fill the cache")
+    declined = store.stats()["declined_fills"]
     asked = len(source.asked)
     for _ in range(6):
         await asyncio.wait_for(filler.fill_each(source, new, [0]), 5)
