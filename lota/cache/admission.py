@@ -177,12 +177,39 @@ class Admission(Generic[K]):
         mean, square = self._intervals
         self._intervals = (mean + (d - mean) / 256, square + (d * d - square) / 256)
 
-    def read(self, fingerprint: int, size: int) -> None:
+    def hits(self, key: K, size: int, times: int) -> None:
+        """`times` reads of cached chunk `key` heard of at once (a sibling worker served
+        them, and told of them together): counted as that many hits coming evenly since its
+        last read (with no other read between, exactly as they would have been; a chunk
+        not read before learns no interval from them)."""
+        held, sketch = self._held_reads, self._sketch
+        left = times
+        while left:  # the reads after a period's end are raised after its halving
+            step = min(left, max(1, sketch.period - sketch.reads))
+            held[key] = held.get(key, 0) + step
+            self._count_read(step)
+            left -= step
+        clock = self._clock = self._clock + times * size
+        last = self._read_at.get(key)
+        self._read_at[key] = clock
+        if last is None:
+            return
+        d = (clock - last) / times
+        keep = (1 - 1 / 256) ** times  # what `times` updates of the means leave of them
+        mean, square = self._intervals or (d, d * d)
+        self._intervals = (d + (mean - d) * keep, d * d + (square - d * d) * keep)
+
+    def read(self, fingerprint: int, size: int, times: int = 1) -> None:
         """A client read a chunk that is not cached (it followed a fill, or it was relayed
-        from the source or another node). Fetching a chunk ahead is not a read."""
-        self._sketch.add(fingerprint)
-        self._count_read()
-        self._clock += size
+        from the source or another node), `times` times. Fetching a chunk ahead is not a
+        read."""
+        sketch, left = self._sketch, times
+        while left:  # the reads after a period's end are counted after its halving
+            step = min(left, max(1, sketch.period - sketch.reads))
+            sketch.add(fingerprint, step)
+            self._count_read(step)
+            left -= step
+        self._clock += times * size
 
     def _raise_held(self, key: K) -> None:
         """Raise `key`'s count by the reads it has had since it was last raised."""
@@ -190,10 +217,10 @@ class Admission(Generic[K]):
         if times:
             self._sketch.add(self._fingerprint(key), times)
 
-    def _count_read(self) -> None:
-        """Count one read in the period (then, near or at its end, :meth:`_raise_some`)."""
+    def _count_read(self, times: int = 1) -> None:
+        """Count reads in the period (then, near or at its end, :meth:`_raise_some`)."""
         sketch = self._sketch
-        sketch.reads += 1
+        sketch.reads += times
         if sketch.reads >= sketch.period or len(self._held_reads) > _DRAIN * (
             sketch.period - sketch.reads
         ):

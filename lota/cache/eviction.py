@@ -127,10 +127,10 @@ class S3FIFO(Generic[K]):
         self._freq.update(dict.fromkeys([key for key, _ in items], 0))
         self._main_bytes += sum(size for _, size in items)
 
-    def access(self, key: K) -> None:
+    def access(self, key: K, times: int = 1) -> None:
         freq = self._freq.get(key)
         if freq is not None and freq < MAX_FREQ:
-            self._freq[key] = freq + 1
+            self._freq[key] = min(freq + times, MAX_FREQ)
 
     def remove(self, key: K) -> None:
         """Forget `key` without remembering it in the ghost (invalidation, corruption)."""

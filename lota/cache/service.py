@@ -86,10 +86,23 @@ class ChunkService:
         """Whether every chunk holding bytes first..last of `obj` is cached."""
         return all(self._store.has_chunk(obj, i) for i in chunk_span(first, last, self.chunk_size))
 
-    async def open_chunk(self, obj: CachedObject, index: int) -> ChunkReader | None:
+    async def open_chunk(
+        self, obj: CachedObject, index: int, *, read: bool = True
+    ) -> ChunkReader | None:
         """The chunk's file descriptor and length (verified first if the policy says so),
-        for a zero-copy send; None when it is not cached or fails its check."""
-        return await self._store.open_chunk(obj, index)
+        for a zero-copy send; None when it is not cached or fails its check. `read`: see
+        :meth:`lota.cache.store.CacheStore.open_chunk`."""
+        return await self._store.open_chunk(obj, index, read=read)
+
+    def told_reads(self, bucket: str, key: str, etag: str, index: int, times: int) -> bool:
+        """`times` reads of a chunk this worker owns that a sibling served (see
+        :meth:`lota.cache.store.CacheStore.told_reads`); False if the object's version is
+        not known here (nothing to count them against)."""
+        obj = self._store.lookup(bucket, key)
+        if obj is None or obj.meta.etag != etag:
+            return False
+        self._store.told_reads(obj, index, times)
+        return True
 
     def chunk_path(self, obj: CachedObject, index: int) -> str:
         """The file of cached chunk `index` of `obj`."""

@@ -100,6 +100,42 @@ def test_reads_held_when_the_sketch_grows_are_dropped_with_the_counts_it_had() -
     assert rule._sketch.count(-1) == 0  # counted in the sketch replaced, as before
 
 
+# The period (4 x 1,024 reads) ends amid the reads told: none, those of 1000, of 60.
+@pytest.mark.parametrize("before", [100, 4 * 1024 - 10, 4 * 1024 - 61])
+def test_reads_told_at_once_count_as_as_many_in_a_row(before: int) -> None:
+    """A sibling worker tells a chunk's owner of its reads in batches: n hits of a cached
+    chunk (or n reads of one not cached) at once count as n in a row, a period's end
+    between them included (the re-read intervals too, when nothing else was read since
+    the chunk's last read)."""
+    rules = []
+    for at_once in (False, True):
+        queues: S3FIFO[int] = S3FIFO()
+        rule = Admission(queues, int, entries=8)  # a period of 4 x 1,024 reads
+        for n in range(before):
+            rule.hit(n % 50, 10)
+        if at_once:
+            rule.read(1000, 10, 25)
+        else:
+            for _ in range(25):
+                rule.read(1000, 10)
+        for key in (7, 60):
+            rule.hit(key, 10)  # then 25 more, with no other read between
+            if at_once:
+                rule.hits(key, 10, 25)
+            else:
+                for _ in range(25):
+                    rule.hit(key, 10)
+        for key in [*range(50), 60]:
+            rule.removed(key)  # raises what each holds
+        rules.append(rule)
+    one_by_one, at_once_rule = rules
+    assert one_by_one._sketch._table == at_once_rule._sketch._table
+    assert one_by_one._sketch.reads == at_once_rule._sketch.reads
+    assert one_by_one._clock == at_once_rule._clock
+    assert one_by_one._intervals == pytest.approx(at_once_rule._intervals)
+    assert at_once_rule._sketch.count(60) > 0 and at_once_rule._sketch.count(1000) > 0
+
+
 def reread() -> tuple[S3FIFO[int], Admission[int]]:
     """Chunks 0..7 of one byte each, cached (as after a restart: no reads known) and read
     twice in order: every one has a count of 2, the mean re-read interval is 8 bytes."""

@@ -756,6 +756,34 @@ async def test_hot_object_survives_a_scan(make_store: MakeStore) -> None:
     assert store.stats()["evictions"] > 100
 
 
+async def test_reads_a_sibling_tells_of_count_as_hits_and_a_hand_over_is_not_one(
+    make_store: MakeStore,
+) -> None:
+    """A chunk a sibling worker read from its own descriptor, and told this store of
+    (told_reads), survives a scan as a chunk read here does; a chunk only handed over to
+    siblings (open_chunk(read=False)) was not read here, and the scan evicts it. Neither
+    counts as this store's hits: they are the sibling's."""
+    store = await make_store(size=48 * CS)
+    told = await store.admit(meta(key="told", size=8 * CS))
+    handed = await store.admit(meta(key="handed", size=8 * CS))
+    await fill_all(store, told)
+    await fill_all(store, handed)
+    for index in range(8):
+        store.told_reads(told, index, 2)
+        reader = await store.open_chunk(handed, index, read=False)
+        assert reader is not None
+        reader.close()
+    with pytest.raises(ValueError):
+        store.told_reads(told, 8, 1)  # not one of its chunks
+    assert store.stats()["hits"] == 0
+    for n in range(40):
+        cold = await store.admit(meta(key=f"cold{n}", size=4 * CS))
+        await fill_all(store, cold)
+    assert all(store.has_chunk(told, i) for i in range(8))
+    assert not any(store.has_chunk(handed, i) for i in range(8))
+    assert store.stats()["hits"] == 0
+
+
 async def test_pinned_prefix_is_never_evicted(make_store: MakeStore) -> None:
     store = await make_store(size=48 * CS, pinned=("b/ckpt/",))
     pinned = await store.admit(meta(key="ckpt/step100", size=10 * CS))

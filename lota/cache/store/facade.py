@@ -102,6 +102,7 @@ class CacheStore:
         self._sweep_delay = sweep_delay
         self._files = files or ChunkFiles()
         self._counts: Counter[str] = Counter()
+        self._clock = clock
         io = self._io = IOPool(io_threads)
         files = self._files
         counts = self._counts
@@ -391,14 +392,35 @@ class CacheStore:
         chunk = obj.chunks.get(index) if obj.alive and self._ready else None
         return None if chunk is None else self._readers.read_hot(chunk, offset, count, span)
 
-    async def open_chunk(self, obj: CachedObject, index: int) -> ChunkReader | None:
+    async def open_chunk(
+        self, obj: CachedObject, index: int, *, read: bool = True
+    ) -> ChunkReader | None:
         """Open chunk `index` for reading, verified as the policy says; None if absent or
-        damaged (then it is gone, and the caller fetches it again)."""
+        damaged (then it is gone, and the caller fetches it again). `read`: whether this is
+        a read (a hit, or a miss when it is not held), as it is unless the chunk is handed
+        to a sibling worker, which tells of its reads itself (:meth:`told_reads`)."""
         chunk = obj.chunks.get(index) if obj.alive and self._ready else None
         if chunk is None:
-            self._counts["misses"] += 1
+            self._counts["misses"] += read
             return None
-        return await self._readers.open(chunk)
+        return await self._readers.open(chunk, read=read)
+
+    def told_reads(self, obj: CachedObject, index: int, times: int) -> None:
+        """`times` reads of chunk `index` of `obj` that a sibling worker served from its own
+        descriptor of the chunk's file, told at once (:mod:`lota.workers.news`): the
+        eviction policy, the admission rule and the scrubber hear of them as of hits, or,
+        if the chunk is gone since, the admission rule as of reads of a chunk not cached.
+        Not counted as this store's hits: the sibling's. ValueError if `index` is not
+        one of the object's chunks."""
+        self._fills.check_index(obj, index)
+        if times <= 0 or not obj.alive or not self._ready:
+            return
+        chunk = obj.chunks.get(index)
+        if chunk is None:
+            self._table.count_read(obj, index, times)
+            return
+        self._table.touched(chunk, times)
+        chunk.last_access = self._clock.time()
 
     def keeps(self, obj: CachedObject, index: int) -> bool:
         """Whether a fill of chunk `index` of `obj` would be kept now. When keeping it

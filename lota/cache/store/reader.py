@@ -216,13 +216,14 @@ class Readers:
             log.warning("cache chunk %s unreadable, dropping it", self._table.path(chunk))
             self._table.drop(chunk, "read_errors")
 
-    async def open(self, chunk: Chunk) -> ChunkReader | None:
-        """A reader of `chunk`, verified as the policy says; None if it is damaged or gone."""
+    async def open(self, chunk: Chunk, *, read: bool = True) -> ChunkReader | None:
+        """A reader of `chunk`, verified as the policy says; None if it is damaged or gone.
+        `read`: counted as a read (see :meth:`lota.cache.store.CacheStore.open_chunk`)."""
         self._table.ref(chunk)
         if self._hot(chunk):
             # Hot path: a chunk read since start-up, already checked, its descriptor still
             # open (or opened again here, on the loop).
-            return self._reader(chunk, chunk.fd, owned=False)
+            return self._reader(chunk, chunk.fd, owned=False, read=read)
         try:
             fd = await self._open_fd(chunk)
         except BaseException:
@@ -232,15 +233,16 @@ class Readers:
             if fd is not None:
                 os.close(fd)
             self._table.unref(chunk)
-            self._counts["misses"] += 1
+            self._counts["misses"] += read
             return None
         if self._verify != "always" and chunk.fd < 0:
             self._fds.keep(chunk, fd)
-            return self._reader(chunk, fd, owned=False)
-        return self._reader(chunk, fd, owned=True)
+            return self._reader(chunk, fd, owned=False, read=read)
+        return self._reader(chunk, fd, owned=True, read=read)
 
-    def _reader(self, chunk: Chunk, fd: int, *, owned: bool) -> ChunkReader:
-        self._touch(chunk)
+    def _reader(self, chunk: Chunk, fd: int, *, owned: bool, read: bool) -> ChunkReader:
+        if read:
+            self._touch(chunk)
         return ChunkReader(fd, chunk.length, partial(self._table.unref, chunk), owned=owned)
 
     def _touch(self, chunk: Chunk, now: float | None = None) -> None:

@@ -168,6 +168,11 @@ class ChunkTable:
         self._policy.access(chunk)
         self._admission.hit(chunk, chunk.length)
 
+    def touched(self, chunk: Chunk, times: int) -> None:
+        """`times` reads of `chunk` told at once (:meth:`CacheStore.told_reads`)."""
+        self._policy.access(chunk, times)
+        self._admission.hits(chunk, chunk.length, times)
+
     def keeps(self, obj: CachedObject, index: int) -> bool:
         """Whether a fill of chunk `index` of `obj` would be kept now: the admission rule
         (:mod:`lota.cache.admission`) decides when keeping it means evicting. Counts nothing."""
@@ -177,11 +182,11 @@ class ChunkTable:
         full = self._budget.usage + need > self._budget.high
         return self._admission.admits(chunk_id(obj, index), full=full)
 
-    def count_read(self, obj: CachedObject, index: int) -> None:
-        """Count a read of chunk `index` of `obj` that no cached copy served (the admission
-        rule's counts)."""
+    def count_read(self, obj: CachedObject, index: int, times: int = 1) -> None:
+        """Count `times` reads of chunk `index` of `obj` that no cached copy served (the
+        admission rule's counts)."""
         length = chunk_length(obj.meta.size, self._chunk_size, index)
-        self._admission.read(chunk_id(obj, index), length)
+        self._admission.read(chunk_id(obj, index), length, times)
 
     def drop(self, chunk: Chunk, reason: str) -> None:
         """Delete one chunk (damaged, missing, unreadable); its object stays, maybe bare."""
