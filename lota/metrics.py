@@ -403,6 +403,15 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.worker_sibling_reads = Counter(
+            "lota_worker_sibling_reads",
+            "Reads of chunks another worker of this node owns, served here from its "
+            "descriptor and told to it (told); reads of this worker's chunks its siblings "
+            "told it of, counted by its eviction and admission as hits (heard), or not, the "
+            "object's version being no longer known here (unknown)",
+            ["result"],
+            registry=r,
+        )
         self.workers = Gauge(
             "lota_workers",
             "Worker processes whose metrics are in this answer (the node's workers that "

@@ -451,11 +451,8 @@ class ReadPath:
         for index in plan.chunk_span(first, last, self._cs):
             if self.cache.has_chunk(obj, index):
                 continue
-            opened = await placement.open_elsewhere(obj, index)
-            if opened is None:
+            if not await placement.held_elsewhere(obj, index):
                 missing.append(index)
-            else:
-                opened.close()
         return plan.answered_from(answered, [placement.remote(obj, i) for i in missing])
 
     def _prefetch(self, placement: Placement, obj: CachedObject) -> None:

@@ -91,7 +91,13 @@ class Placement(Protocol):
 
     async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
         """Chunk `index`, if another worker of this node holds it (sent from here,
-        zero-copy); None if not, or if it is not another worker's."""
+        zero-copy), to be read (the owner hears of the read); None if not, or if it is not
+        another worker's."""
+        ...
+
+    async def held_elsewhere(self, obj: CachedObject, index: int) -> bool:
+        """Whether another worker of this node holds chunk `index`, as
+        :meth:`open_elsewhere` finds out, without reading it."""
         ...
 
     def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
@@ -141,6 +147,9 @@ class Alone:
 
     async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
         return None
+
+    async def held_elsewhere(self, obj: CachedObject, index: int) -> bool:
+        return False
 
     def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
         return None

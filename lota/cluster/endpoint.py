@@ -192,10 +192,8 @@ class PeerEndpoint:
         for index in plan.chunk_span(first, last, self._cache.chunk_size):
             if self._cache.has_chunk(obj, index):
                 continue
-            opened = await placement.open_elsewhere(obj, index)
-            if opened is None:
+            if not await placement.held_elsewhere(obj, index):
                 return "MISS"
-            opened.close()
         return "HIT"
 
     async def _version_of(

@@ -16,7 +16,13 @@ path. So a worker that learns something tells every sibling at once:
 - a request it remembered to answer from its bytes (:mod:`lota.node.at_once`): the
   sibling remembers it too, with the verdict as given (the sibling is this node's own
   process, reached only through the node's private socket directory), so that whichever
-  worker the next read of a URL reaches answers it from its bytes.
+  worker the next read of a URL reaches answers it from its bytes;
+- every :data:`READS_EVERY` seconds, how many times it read each of the sibling's chunks
+  from its own descriptor of the chunk's file (:class:`SiblingSource`; a hand-over is
+  not a read): the sibling's eviction and admission count them as its own hits
+  (:meth:`lota.cache.store.CacheStore.told_reads`). Without them, the owner of a chunk
+  would hear of only its own worker's share of the reads, and with several workers keep
+  the wrong chunks (``python -m bench.admission`` measured what that costs).
 
 News goes over the descriptor sockets (:mod:`lota.workers.fds`), one line per batch:
 what is learnt while a batch is on its way goes in the next. It is a hint, never needed
@@ -29,10 +35,11 @@ stale (metadata let pass), refused (malformed, or not a cache file).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -49,6 +56,12 @@ log = logging.getLogger("lota.workers")
 MAX_WAITING = 4 * 1024 * 1024
 # Bytes of items in one line, at most (the descriptor socket's bound on a request).
 MAX_BATCH = MAX_REQUEST // 2
+# Seconds between two news of the reads of a sibling's chunks served here.
+READS_EVERY = 1.0
+# Reads of one chunk told at once, at most (a sibling telling more is refused).
+MAX_TIMES = 1 << 24
+# Chunks whose reads are encoded together (then halved until the item fits MAX_BATCH).
+_READS_GROUP = 256
 
 
 class News:
@@ -70,13 +83,19 @@ class News:
         self._roots = tuple(os.path.dirname(os.path.abspath(d)) + os.sep for d in dirs)
         self._cache = cache
         self._siblings = siblings
-        self._outboxes = [_Outbox(k, client, self) for k, client in clients.items()]
+        self._outboxes = {k: _Outbox(k, client, self) for k, client in clients.items()}
         self._counts = {
             result: metrics.worker_news.labels(result)
             for result in ("sent", "dropped", "unsent", "heard", "stale", "refused")
         }
+        self._reads = {
+            result: metrics.worker_sibling_reads.labels(result)
+            for result in ("told", "heard", "unknown")
+        }
         self._tasks = TaskGroup("news")
         self._answers: Callable[[Mapping[str, Any]], bool] = lambda told: False
+        if siblings:
+            self._tasks.start(self._tell_reads_every(), "reads")
 
     # -- telling ----------------------------------------------------------------------
 
@@ -96,13 +115,35 @@ class News:
         chunk = [meta.bucket, meta.key, meta.etag, index]
         self._post({"chunk": chunk, "path": path, "length": length})
 
+    def tell_reads(self) -> None:
+        """Tell each sibling how many times each of its chunks was read here since the
+        last time (:meth:`SiblingSource.take_reads`)."""
+        for k, source in self._siblings.items():
+            reads = source.take_reads()
+            box = self._outboxes.get(k)
+            if not reads or box is None:
+                continue
+            entries = [[*chunk, times] for chunk, times in reads.items()]
+            self._reads["told"].inc(sum(reads.values()))
+            for start in range(0, len(entries), _READS_GROUP):
+                for item in _reads_items(entries[start : start + _READS_GROUP]):
+                    self._put(box, item)
+
+    async def _tell_reads_every(self) -> None:
+        while True:
+            await asyncio.sleep(READS_EVERY)
+            self.tell_reads()
+
     def _post(self, item: dict[str, Any]) -> None:
         encoded = json.dumps(item, separators=(",", ":")).encode()
+        for box in self._outboxes.values():
+            self._put(box, encoded)
+
+    def _put(self, box: _Outbox, encoded: bytes) -> None:
         if len(encoded) > MAX_BATCH:  # metadata beyond any S3 object's: not worth a line
-            self._counts["dropped"].inc(len(self._outboxes))
+            self.count("dropped", 1)
             return
-        for box in self._outboxes:
-            box.put(encoded)
+        box.put(encoded)
 
     def start(self, box: _Outbox) -> None:
         self._tasks.start(box.send(), f"to worker-{box.index}")
@@ -127,6 +168,8 @@ class News:
                     result = await self._admit(_meta(item["meta"]), float(item["since"]))
                 elif "answer" in item:
                     result = "heard" if self._answers(item["answer"]) else "refused"
+                elif "reads" in item:
+                    result = self._count_reads(item["reads"])
                 else:
                     result = self._remember(sibling, item)
             except (KeyError, TypeError, ValueError) as exc:
@@ -142,6 +185,22 @@ class News:
             return "heard"  # checked here as recently: this worker's own word stands
         await self._cache.admit(meta, since=since)
         return "heard"
+
+    def _count_reads(self, entries: list[list[Any]]) -> str:
+        refused = False
+        for bucket, key, etag, index, times in entries:
+            if not 0 < int(times) <= MAX_TIMES:
+                refused = True
+                continue
+            try:
+                known = self._cache.told_reads(
+                    str(bucket), str(key), str(etag), int(index), int(times)
+                )
+            except ValueError:  # not one of the object's chunks (a version told wrong)
+                refused = True
+                continue
+            self._reads["heard" if known else "unknown"].inc(int(times))
+        return "refused" if refused else "heard"
 
     def _remember(self, sibling: SiblingSource | None, item: dict[str, Any]) -> str:
         bucket, key, etag, index = item["chunk"]
@@ -194,6 +253,18 @@ class _Outbox:
                 self._news.count("sent", len(batch))
         finally:
             self._sending = False
+
+
+def _reads_items(entries: list[list[Any]]) -> Iterator[bytes]:
+    """``{"reads": entries}``, encoded, in as many items as keep each within MAX_BATCH
+    (one too large alone is left to be dropped)."""
+    encoded = b'{"reads":%b}' % json.dumps(entries, separators=(",", ":")).encode()
+    if len(encoded) <= MAX_BATCH or len(entries) == 1:
+        yield encoded
+        return
+    half = len(entries) // 2
+    yield from _reads_items(entries[:half])
+    yield from _reads_items(entries[half:])
 
 
 def _meta(raw: dict[str, Any]) -> ObjectMeta:

@@ -145,7 +145,7 @@ async def descriptor_server(
         obj = cache.lookup(bucket, key)
         if obj is None or obj.meta.etag != etag or not cache.has_chunk(obj, index):
             return None
-        reader = await cache.open_chunk(obj, index)
+        reader = await cache.open_chunk(obj, index, read=False)  # the asker tells its reads
         if reader is None:
             return None
         return reader.fd, reader.length, cache.chunk_path(obj, index), reader.close

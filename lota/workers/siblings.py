@@ -14,6 +14,11 @@ chunks handed over before, or that the sibling said it published
 such a chunk is opened here, on the loop, as the store reopens its own (a file that is
 gone, or of another length, is asked for). The files of a node's workers are on the same
 drives, a chunk's path names its version, and chunks are published whole under it.
+
+The sibling does not see these reads, so they are counted here, per chunk, and told to it
+about once a second (:mod:`lota.workers.news`): its eviction and admission rule count them
+as its own hits. Handing a descriptor over is not a read there; asking whether the sibling
+holds a chunk (:meth:`SiblingSource.holds`) is not one here.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ log = logging.getLogger("lota.workers")
 KEPT_BYTES = 512 * 1024 * 1024
 # Paths of a sibling's chunks remembered, per descriptor kept.
 PATHS_PER_DESCRIPTOR = 4
+# Distinct chunks of one sibling whose reads are counted between two news of them, at
+# most (the reads of more go untold: far more than a worker serves in a second).
+MAX_TOLD = 100_000
 
 ChunkId = tuple[str, str, str, int]
 # Bytes [start, end) of a file last read whole from memory (lota.cache.store.reader.Warm).
@@ -113,6 +121,9 @@ class SiblingSource:
         # outlives the descriptor it was learnt through (see Known).
         self._paths: OrderedDict[ChunkId, Known] = OrderedDict()
         self._opened_again = 0
+        # Reads of the sibling's chunks served here since its last news of them
+        # (take_reads): the sibling's eviction and admission count them as its own hits.
+        self._reads: dict[ChunkId, int] = {}
 
     @asynccontextmanager
     async def get(
@@ -138,6 +149,7 @@ class SiblingSource:
                     kept.warm = None  # idle since: its pages may have gone (WARM_FOR)
                 kept.used_at = now
                 kept.users += 1  # use(), written out: this runs for every hit on it
+                self._read(chunk)
                 return kept
             self._forget(chunk)  # dropped: its file turned out short
         known = self._paths.get(chunk)
@@ -154,11 +166,13 @@ class SiblingSource:
             return None
         opened = OpenChunk(fd, known.length, known.path, known.warmth()).use()
         self._keep(chunk, opened, again=True)
+        self._read(chunk)
         return opened
 
     async def open(self, meta: ObjectMeta, index: int) -> OpenChunk | None:
-        """The chunk, if the sibling holds it (a kept descriptor, or a new one); None if not,
-        or if the sibling cannot be asked right now."""
+        """The chunk, if the sibling holds it (a kept descriptor, or a new one), to be read
+        (counted: :meth:`take_reads`); None if not, or if the sibling cannot be asked right
+        now."""
         kept = self.kept(meta, index)
         if kept is not None:
             return kept
@@ -176,6 +190,7 @@ class SiblingSource:
         elif kept is not None:  # another reader had it handed over meanwhile: share that one
             os.close(found[0])
             self._kept.move_to_end(chunk)
+            self._read(chunk)
             return kept.use()
         fd, length, path = found
         known = self._paths.get(chunk)
@@ -185,7 +200,38 @@ class SiblingSource:
         opened = OpenChunk(fd, length, path, warm).use()  # in use before kept: never closed
         self._keep(chunk, opened)
         self.remember(chunk, path, length)
+        self._read(chunk)
         return opened
+
+    async def holds(self, meta: ObjectMeta, index: int) -> bool:
+        """Whether the sibling holds the chunk, as :meth:`open` finds out (its descriptor
+        kept here after): not a read of it."""
+        opened = await self.open(meta, index)
+        if opened is None:
+            return False
+        opened.close()
+        chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
+        reads = self._reads
+        left = reads.get(chunk, 0) - 1  # open() has just counted it (no await since)
+        if left > 0:
+            reads[chunk] = left
+        else:
+            reads.pop(chunk, None)
+        return True
+
+    def _read(self, chunk: ChunkId) -> None:
+        reads = self._reads
+        count = reads.get(chunk)
+        if count is not None:
+            reads[chunk] = count + 1
+        elif len(reads) < MAX_TOLD:
+            reads[chunk] = 1
+
+    def take_reads(self) -> dict[ChunkId, int]:
+        """The reads of the sibling's chunks served here since the last call, per chunk (for
+        :mod:`lota.workers.news` to tell the sibling)."""
+        reads, self._reads = self._reads, {}
+        return reads
 
     def remember(self, chunk: ChunkId, path: str, length: int, *, written: bool = False) -> None:
         """The sibling holds `chunk` in file `path`, `length` bytes long (it handed the

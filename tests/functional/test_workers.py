@@ -178,6 +178,33 @@ def test_a_worker_tells_the_others_what_it_learns_so_none_asks_again(
     assert _total(node, "lota_worker_requests_total") == asked
 
 
+def test_a_worker_tells_each_chunk_s_owner_of_the_reads_it_served(
+    node: LotaProcess, origin_s3: Any, bucket: str
+) -> None:
+    """A worker that sends a sibling's chunk from its own descriptor tells the sibling, in
+    a batch a second or so later, and the sibling counts the reads as its own hits
+    (lota.workers.news): every read told is heard, none of an unknown version."""
+    keys = [f"r{i}" for i in range(16)]
+    for key in keys:
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=os.urandom(1000))
+    urls = {key: presigned_get(node.url, bucket, key) for key in keys}
+    for key in keys:
+        _read(urls[key])
+    _read_all(urls, keys * 16)  # 16 connections each: both workers read every key
+
+    def reads(result: str) -> float:
+        return _total(node, "lota_worker_sibling_reads_total", f'result="{result}"')
+
+    deadline = time.monotonic() + 10
+    while not (reads("told") and reads("heard") == reads("told")):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    # About half of the 272 reads reach the worker that does not own the chunk.
+    assert 0 < reads("told") <= 17 * len(keys)
+    assert reads("heard") == reads("told") and reads("unknown") == 0
+
+
 def test_a_request_one_worker_remembers_by_its_bytes_is_told_to_the_other(
     node: LotaProcess, origin_s3: Any, bucket: str
 ) -> None:

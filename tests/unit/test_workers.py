@@ -34,6 +34,7 @@ from lota.tasks import TaskGroup
 from lota.workers import fds, siblings
 from lota.workers.metrics import merge
 from lota.workers.news import MAX_BATCH, MAX_WAITING, News
+from lota.workers.news import _reads_items as news_reads_items
 from lota.workers.node import is_sibling, worker_name
 from lota.workers.placement import MetadataHome
 
@@ -634,6 +635,89 @@ async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
             client.close()
             source.close()
             await server.close()
+
+
+async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker counts the reads of a sibling's chunks it serves, from a descriptor handed
+    over, kept or opened again from its path, and tells the sibling, which counts them as
+    its own hits (CacheStore.told_reads). Asking whether the sibling holds a chunk is not a
+    read. Reads told wrong are refused."""
+    async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
+        metrics0, metrics1 = Metrics(), Metrics()
+        told: Counter[tuple[str, str, str, int]] = Counter()
+
+        def spy(bucket: str, key: str, etag: str, index: int, times: int) -> bool:
+            told[bucket, key, etag, index] += times
+            return key != "k2"  # as if its version were no longer known there
+
+        monkeypatch.setattr(cache1, "told_reads", spy)
+        client = fds.FdClient(str(tmp_path / "w1.fds"))
+        handing = _Handing(tmp_path)
+        source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), handing, 2)  # type: ignore[arg-type]
+        news0 = News(0, cache0, {1: source}, {1: client}, metrics0, [str(tmp_path / "w0")])
+        news1 = News(1, cache1, {}, {}, metrics1, [str(tmp_path / "w1")])
+
+        async def unopenable(*asked: object) -> None:
+            return None
+
+        server = fds.FdServer(
+            str(tmp_path / "w1.fds"), unopenable, asyncio.get_running_loop(), news1.hear
+        )
+        server.start()
+        try:
+            metas = [_meta(f"k{i}", 1000.0) for i in range(3)]
+            for meta in metas:
+                (tmp_path / meta.key).write_bytes(b"x" * 100)
+
+            async def read(meta: ObjectMeta) -> None:
+                opened = await source.open(meta, 0)
+                assert opened is not None
+                opened.close()
+
+            await read(metas[0])  # handed over
+            for _ in range(3):
+                await read(metas[0])  # kept
+            assert await source.holds(metas[1], 0)  # handed over: not a read
+            await read(metas[1])  # kept
+            await read(metas[2])  # handed over: k0's descriptor is closed (2 kept)
+            await read(metas[0])  # opened again from its path
+            assert handing.asked == ["k0", "k1", "k2"]
+            news0.tell_reads()
+            assert source.take_reads() == {}
+            for _ in range(200):
+                if _counted(metrics1, "lota_worker_news_total", result="heard"):
+                    break
+                await asyncio.sleep(0.01)
+            assert told == {
+                ("b", "k0", '"e"', 0): 5,
+                ("b", "k1", '"e"', 0): 1,
+                ("b", "k2", '"e"', 0): 1,
+            }
+            for wrong in (
+                ["b", "k0", '"e"', 0, 0],
+                ["b", "k0", '"e"', 0],
+                ["b", "k0", '"e"', 0, 1 << 30],
+            ):
+                await news1.hear({"from": 0, "news": [{"reads": [wrong]}]})
+            assert _counted(metrics1, "lota_worker_news_total", result="refused") == 3
+            reads = "lota_worker_sibling_reads_total"
+            assert _counted(metrics0, reads, result="told") == 7
+            assert _counted(metrics1, reads, result="heard") == 6
+            assert _counted(metrics1, reads, result="unknown") == 1
+        finally:
+            await news0.close()
+            client.close()
+            source.close()
+            await server.close()
+
+
+def test_reads_told_at_once_are_split_into_items_that_fit_a_line() -> None:
+    entries = [["b", "k" * 900 + str(i), '"e"', i % 7, i + 1] for i in range(200)]
+    items = list(news_reads_items(entries))
+    assert len(items) > 1 and all(len(item) <= MAX_BATCH for item in items)
+    assert [e for item in items for e in json.loads(item)["reads"]] == entries
 
 
 def _counted(metrics: Metrics, name: str, **labels: str) -> float:
