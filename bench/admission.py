@@ -13,9 +13,9 @@ with the store's watermarks, chunks of one size, fixed seeds (the same figures e
   cache), for a few skews (alpha) and budgets of 1% and 10% of the chunks.
 - Switch: a dataset read for 3 epochs, then another of the same size: the hit rate of each
   epoch of the second, with half of it cached (how soon a finished dataset makes way).
-- Workers: epochs again, the store hearing of only 1/N of the hits on its chunks, as a
-  chunk's owner among N workers does today (the others serve theirs from descriptors
-  they keep, and tell it nothing): budgets of 0.5 and 0.9 of the dataset.
+- Workers: epochs again, the store being a chunk owner's among N workers: the others
+  serve their hits from descriptors they keep and tell the owner of them every 1,000
+  reads (told), or never (untold, as before they told): budgets of 0.5 and 0.9.
 - Mixed: epochs with half the dataset cached, and 50 small files read as often as the
   dataset, in turns: the hit rates of the dataset (epochs 2..) and of the small files.
 """
@@ -88,19 +88,25 @@ def mixed_table(chunks: int, count: int, watermarks: tuple[float, float]) -> Non
 
 
 def workers_table(chunks: int, count: int, watermarks: tuple[float, float]) -> None:
-    print(f"\nWorkers: {count} epochs over {chunks} chunks, the owner hearing of 1/N of the hits")
-    print(f"{'workers':>8} {'half':>8} {'0.9':>8}")
+    print(f"\nWorkers: {count} epochs over {chunks} chunks, siblings' hits told every 1,000 reads")
+    print(f"{'workers':>8} {'half told':>10} {'untold':>8} {'0.9 told':>10} {'untold':>8}")
     for workers in (1, 2, 8, 64):
         rates = []
         for fraction in (0.5, 0.9):
-            cache = SimulatedCache(int(fraction * chunks), "admission", *watermarks, 1 / workers)
-            hits = reads = 0
-            for epoch, chunk in epochs(chunks, count):
-                hit = cache.read(chunk)
-                if epoch > 0:
-                    hits, reads = hits + hit, reads + 1
-            rates.append(hits / reads)
-        print(f"{workers:>8} " + " ".join(f"{r:>8.3f}" for r in rates), flush=True)
+            for told in (1000, None):
+                budget = int(fraction * chunks)
+                cache = SimulatedCache(budget, "admission", *watermarks, workers, told)
+                hits = reads = 0
+                for epoch, chunk in epochs(chunks, count):
+                    hit = cache.read(chunk)
+                    if epoch > 0:
+                        hits, reads = hits + hit, reads + 1
+                rates.append(hits / reads)
+        widths = (10, 8, 10, 8)
+        print(
+            f"{workers:>8} " + " ".join(f"{r:>{w}.3f}" for r, w in zip(rates, widths, strict=True)),
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from typing import Literal
 
@@ -33,19 +33,23 @@ class SimulatedCache:
         policy: Policy = "admission",
         high_watermark: float = 0.95,
         low_watermark: float = 0.90,
-        heard: float = 1.0,
+        workers: int = 1,
+        told_every: int | None = None,
     ) -> None:
-        """`heard`: the share of hits the store hears of, drawn at random (fixed seed). In
-        a node of N workers a chunk's other N - 1 workers serve their hits on it from the
-        descriptors they keep, and its owner's store hears of none of those
-        (:mod:`lota.workers.siblings`); misses it always hears of (it fills them)."""
+        """`workers`: the store is a chunk owner's among that many workers, each hit served
+        by one of them drawn at random (fixed seed); the owner's own hits it hears of at
+        once, its siblings' (from descriptors they keep, :mod:`lota.workers.siblings`) as
+        they tell them, all at once every `told_every` reads (:mod:`lota.workers.news`),
+        or never (None). Misses it always hears of: it fills them."""
         self.high = int(budget * high_watermark)
         self.low = int(budget * low_watermark)
         self.hits = self.reads = 0
         self._lru: OrderedDict[int, None] | None = OrderedDict() if policy == "lru" else None
         self._queues: S3FIFO[int] = S3FIFO()
         self._admission = Admission(self._queues, int, budget) if policy == "admission" else None
-        self._heard = heard
+        self._workers = workers
+        self._told_every = told_every
+        self._untold: Counter[int] = Counter()
         self._rng = random.Random(3)
 
     def read(self, chunk: int) -> bool:
@@ -54,16 +58,32 @@ class SimulatedCache:
         if self._lru is not None:
             hit = self._read_lru(self._lru, chunk)
         elif chunk in self._queues:
-            if self._heard >= 1.0 or self._rng.random() < self._heard:
+            if self._workers == 1 or self._rng.randrange(self._workers) == 0:
                 self._queues.access(chunk)
                 if self._admission is not None:
                     self._admission.hit(chunk, 1)
+            elif self._told_every is not None:
+                self._untold[chunk] += 1
             hit = True
         else:
             self._fill(chunk)
             hit = False
         self.hits += hit
+        if self._told_every is not None and self.reads % self._told_every == 0:
+            self._hear_told()
         return hit
+
+    def _hear_told(self) -> None:
+        """The siblings' hits since they last told, as the store takes them
+        (:meth:`lota.cache.store.CacheStore.told_reads`)."""
+        for chunk, times in self._untold.items():
+            if chunk in self._queues:
+                self._queues.access(chunk, times)
+                if self._admission is not None:
+                    self._admission.hits(chunk, 1, times)
+            elif self._admission is not None:
+                self._admission.read(chunk, 1, times)
+        self._untold.clear()
 
     def _fill(self, chunk: int) -> None:
         full = len(self._queues) + 1 > self.high

@@ -192,6 +192,22 @@ def test_epochs_over_a_dataset_larger_than_the_cache_hit_the_cache_fraction(
     assert epoch_hit_rate("admission", 5000, fraction) > 0.9 * fraction
 
 
+@pytest.mark.parametrize("workers", [2, 8])
+def test_a_chunk_owner_told_of_its_siblings_hits_keeps_the_cache_fraction(workers: int) -> None:
+    """Among several workers, a chunk's owner hears of its siblings' hits when they tell
+    (lota.workers.news, every 1,000 reads here): epochs still hit the cache's fraction;
+    untold, the owner churns."""
+    rates = {}
+    for told in (1000, None):
+        cache = SimulatedCache(2500, workers=workers, told_every=told)
+        hits = [0] * 5
+        for epoch, chunk in epochs(5000, 5):
+            hits[epoch] += cache.read(chunk)
+        rates[told] = sum(hits[1:]) / (4 * 5000)
+    assert rates[1000] > 0.9 * 0.5
+    assert rates[None] < rates[1000] - 0.01
+
+
 def test_epochs_churn_s3fifo_without_admission() -> None:
     """The scenario above is not one plain S3-FIFO passes."""
     assert epoch_hit_rate("s3fifo", 5000, 0.5) < 0.3
