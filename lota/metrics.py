@@ -516,6 +516,8 @@ class _StoreCollector(Collector):
         "objects": "Objects with an entry in the cache",
     }
     _COUNTERS = {
+        "hits": "Reads of chunks this cache holds, served by this worker (the reads of its "
+        "chunks other workers of the node serve are lota_worker_sibling_reads_total)",
         "evictions": "Chunks evicted to stay under the budget",
         "declined_fills": "Chunks read from their source that the admission rule did not "
         "keep (the cache is full of chunks read as often): served, not stored",

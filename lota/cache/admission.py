@@ -182,6 +182,8 @@ class Admission(Generic[K]):
         them, and told of them together): counted as that many hits coming evenly since its
         last read (with no other read between, exactly as they would have been; a chunk
         not read before learns no interval from them)."""
+        if times <= 0:
+            return
         held, sketch = self._held_reads, self._sketch
         left = times
         while left:  # the reads after a period's end are raised after its halving

@@ -11,7 +11,9 @@ never wrong or missing bytes.
 
 Each chunk a client reads that the cache did not send counts once for the admission rule,
 once it is sent (after the fill that brought it, if any, asked the rule whether to keep
-it); a hit is counted by the store. Fills count nothing: the look-ahead's are not reads.
+it); a hit is counted by the store, or, for a chunk another worker holds, by that worker
+once told (:meth:`lota.cache.route.OpenedChunk.read`). Fills count nothing: the
+look-ahead's are not reads; nor does bringing bytes to hand for a read counted later.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class Deliverer:
         worker, or another), read on the loop from the page cache or else on a thread; None
         if any chunk is missing or fails its check (then :meth:`send`, which refetches,
         takes over)."""
-        found = await self._gather(placement, obj, first, last)
+        found = await self._gather(placement, obj, first, last, count=True)
         return None if found is None else self._hit(found, last - first + 1)
 
     async def bring_to_hand(
@@ -137,19 +139,20 @@ class Deliverer:
         then :meth:`read_now` finds them (their pages in the page cache, each chunk's file
         open here or handed over by the worker that holds it), unless they are dropped
         again meanwhile. False if a chunk is missing or fails its check."""
-        return await self._gather(placement, obj, first, last) is not None
+        return await self._gather(placement, obj, first, last, count=False) is not None
 
     async def _gather(
-        self, placement: Placement, obj: CachedObject, first: int, last: int
+        self, placement: Placement, obj: CachedObject, first: int, last: int, *, count: bool
     ) -> list[bytes | bytearray] | None:
+        """The bytes, chunk by chunk; `count`: as reads (else the read comes later)."""
         found = []
         for index, lo, hi in pieces(first, last, self.chunk_size):
-            data = self.cache.read_hot(obj, index, lo, hi - lo)
+            data = self.cache.read_hot(obj, index, lo, hi - lo) if count else None
             assert not isinstance(data, FileSpan)  # not asked for one
             if data is None:
-                data = await self._read_cold(obj, index, lo, hi - lo)
+                data = await self._read_cold(obj, index, lo, hi - lo, read=count)
             if data is None:
-                data = await self._read_elsewhere(placement, obj, index, lo, hi - lo)
+                data = await self._read_elsewhere(placement, obj, index, lo, hi - lo, count)
             if data is None:
                 return None
             found.append(data)
@@ -196,18 +199,28 @@ class Deliverer:
             return None
         try:  # a span of it only while its descriptor stays open here
             spans = span and opened.kept
-            return read_or_span(opened.fd, lo, count, opened, span=spans, short=opened.drop)
+            got = read_or_span(opened.fd, lo, count, opened, span=spans, short=opened.drop)
         finally:
             opened.close()
+        if got is not None:
+            opened.read()
+        return got
 
     def _hit(self, found: list[bytes | bytearray], size: int) -> bytes | bytearray:
         self._sent_hit.n += size
         return found[0] if len(found) == 1 else b"".join(found)
 
     async def _read_elsewhere(
-        self, placement: Placement, obj: CachedObject, index: int, lo: int, count: int
+        self,
+        placement: Placement,
+        obj: CachedObject,
+        index: int,
+        lo: int,
+        count: int,
+        read: bool,
     ) -> bytes | bytearray | None:
-        """The bytes of a chunk another worker of this node holds, if it does."""
+        """The bytes of a chunk another worker of this node holds, if it does; `read`: for
+        a client now (told to that worker)."""
         opened = await placement.open_elsewhere(obj, index)
         if opened is None:
             return None
@@ -217,17 +230,21 @@ class Deliverer:
             return None
         finally:
             opened.close()
-        return data if len(data) == count else None
+        if len(data) != count:
+            return None
+        if read:
+            opened.read()
+        return data
 
     async def _read_cold(
-        self, obj: CachedObject, index: int, lo: int, count: int
+        self, obj: CachedObject, index: int, lo: int, count: int, *, read: bool = True
     ) -> bytes | bytearray | None:
         """Like :meth:`ChunkService.read_hot` for a chunk not read since start-up (opened,
         and verified if the policy says so, first) or not in the page cache; None if it is
-        missing or unreadable."""
+        missing or unreadable. `read`: counted as a read (a hit) at the store."""
         if not self.cache.has_chunk(obj, index):
             return None
-        reader = await self.cache.open_chunk(obj, index)
+        reader = await self.cache.open_chunk(obj, index, read=read)
         if reader is None:
             return None
         try:
@@ -273,6 +290,7 @@ class Deliverer:
             if fill is None:
                 opened = await placement.open_elsewhere(obj, index)
                 if opened is not None:  # another worker of this node holds it
+                    opened.read()
                     try:
                         await self._send_file(request, response, opened.fd, lo, hi - lo)
                     finally:

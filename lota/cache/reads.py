@@ -451,8 +451,11 @@ class ReadPath:
         for index in plan.chunk_span(first, last, self._cs):
             if self.cache.has_chunk(obj, index):
                 continue
-            if not await placement.held_elsewhere(obj, index):
+            opened = await placement.open_elsewhere(obj, index)
+            if opened is None:
                 missing.append(index)
+            else:
+                opened.close()
         return plan.answered_from(answered, [placement.remote(obj, i) for i in missing])
 
     def _prefetch(self, placement: Placement, obj: CachedObject) -> None:

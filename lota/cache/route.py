@@ -36,6 +36,10 @@ class OpenedChunk(Protocol):
     warm: tuple[int, int] | None
     """See :class:`lota.cache.store.reader.Warm`."""
 
+    def read(self) -> None:
+        """Bytes of it were read for a client (not only to find out whether it is held, or to
+        bring it to hand): its owner counts that as its own hit."""
+
     def close(self) -> None: ...
 
     def drop(self) -> None: ...
@@ -91,13 +95,8 @@ class Placement(Protocol):
 
     async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
         """Chunk `index`, if another worker of this node holds it (sent from here,
-        zero-copy), to be read (the owner hears of the read); None if not, or if it is not
-        another worker's."""
-        ...
-
-    async def held_elsewhere(self, obj: CachedObject, index: int) -> bool:
-        """Whether another worker of this node holds chunk `index`, as
-        :meth:`open_elsewhere` finds out, without reading it."""
+        zero-copy; :meth:`OpenedChunk.read` once read for a client); None if not, or if it
+        is not another worker's."""
         ...
 
     def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
@@ -147,9 +146,6 @@ class Alone:
 
     async def open_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
         return None
-
-    async def held_elsewhere(self, obj: CachedObject, index: int) -> bool:
-        return False
 
     def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
         return None

@@ -192,8 +192,10 @@ class PeerEndpoint:
         for index in plan.chunk_span(first, last, self._cache.chunk_size):
             if self._cache.has_chunk(obj, index):
                 continue
-            if not await placement.held_elsewhere(obj, index):
+            opened = await placement.open_elsewhere(obj, index)
+            if opened is None:
                 return "MISS"
+            opened.close()
         return "HIT"
 
     async def _version_of(

@@ -161,9 +161,6 @@ class Clustered:
             return None
         return await self._local.open_elsewhere(obj, index)
 
-    async def held_elsewhere(self, obj: CachedObject, index: int) -> bool:
-        return not self._asked(obj, index) and await self._local.held_elsewhere(obj, index)
-
     def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenedChunk | None:
         if self._asked(obj, index):
             return None

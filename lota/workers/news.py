@@ -115,35 +115,40 @@ class News:
         chunk = [meta.bucket, meta.key, meta.etag, index]
         self._post({"chunk": chunk, "path": path, "length": length})
 
-    def tell_reads(self) -> None:
+    async def tell_reads(self) -> None:
         """Tell each sibling how many times each of its chunks was read here since the
-        last time (:meth:`SiblingSource.take_reads`)."""
+        last time (:meth:`SiblingSource.take_reads`), a group of chunks at a time."""
         for k, source in self._siblings.items():
             reads = source.take_reads()
             box = self._outboxes.get(k)
             if not reads or box is None:
                 continue
             entries = [[*chunk, times] for chunk, times in reads.items()]
-            self._reads["told"].inc(sum(reads.values()))
             for start in range(0, len(entries), _READS_GROUP):
-                for item in _reads_items(entries[start : start + _READS_GROUP]):
-                    self._put(box, item)
+                for item, times in _reads_items(entries[start : start + _READS_GROUP]):
+                    if self._put(box, item):
+                        self._reads["told"].inc(times)
+                await asyncio.sleep(0)  # let the loop serve between groups
 
     async def _tell_reads_every(self) -> None:
         while True:
             await asyncio.sleep(READS_EVERY)
-            self.tell_reads()
+            try:
+                await self.tell_reads()
+            except Exception:  # a hint: the next second's reads are told all the same
+                log.exception("telling the siblings their chunks' reads failed")
 
     def _post(self, item: dict[str, Any]) -> None:
         encoded = json.dumps(item, separators=(",", ":")).encode()
         for box in self._outboxes.values():
             self._put(box, encoded)
 
-    def _put(self, box: _Outbox, encoded: bytes) -> None:
+    def _put(self, box: _Outbox, encoded: bytes) -> bool:
+        """Whether `encoded` waits for the sibling now (else it is dropped, and counted)."""
         if len(encoded) > MAX_BATCH:  # metadata beyond any S3 object's: not worth a line
             self.count("dropped", 1)
-            return
-        box.put(encoded)
+            return False
+        return box.put(encoded)
 
     def start(self, box: _Outbox) -> None:
         self._tasks.start(box.send(), f"to worker-{box.index}")
@@ -172,7 +177,7 @@ class News:
                     result = self._count_reads(item["reads"])
                 else:
                     result = self._remember(sibling, item)
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 log.debug("news refused: %r (%r)", item, exc)
                 result = "refused"
             self._counts[result].inc()
@@ -223,15 +228,16 @@ class _Outbox:
         self._waiting_bytes = 0
         self._sending = False
 
-    def put(self, item: bytes) -> None:
+    def put(self, item: bytes) -> bool:
         if self._waiting_bytes + len(item) > MAX_WAITING:
             self._news.count("dropped", 1)
-            return
+            return False
         self._waiting.append(item)
         self._waiting_bytes += len(item)
         if not self._sending:
             self._sending = True
             self._news.start(self)
+        return True
 
     async def send(self) -> None:
         try:
@@ -255,12 +261,12 @@ class _Outbox:
             self._sending = False
 
 
-def _reads_items(entries: list[list[Any]]) -> Iterator[bytes]:
+def _reads_items(entries: list[list[Any]]) -> Iterator[tuple[bytes, int]]:
     """``{"reads": entries}``, encoded, in as many items as keep each within MAX_BATCH
-    (one too large alone is left to be dropped)."""
+    (one too large alone is left to be dropped), each with the reads it tells."""
     encoded = b'{"reads":%b}' % json.dumps(entries, separators=(",", ":")).encode()
     if len(encoded) <= MAX_BATCH or len(entries) == 1:
-        yield encoded
+        yield encoded, sum(entry[-1] for entry in entries)
         return
     half = len(entries) // 2
     yield from _reads_items(entries[:half])

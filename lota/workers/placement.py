@@ -130,10 +130,6 @@ class Local:
             return None
         return await self._siblings[owner].open(obj.meta, index)
 
-    async def held_elsewhere(self, obj: CachedObject, index: int) -> bool:
-        owner = self._owner(obj, index)
-        return owner != self._me and await self._siblings[owner].holds(obj.meta, index)
-
     def kept_elsewhere(self, obj: CachedObject, index: int) -> OpenChunk | None:
         owner = self._owner(obj, index)
         if owner == self._me:

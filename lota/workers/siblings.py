@@ -15,10 +15,12 @@ such a chunk is opened here, on the loop, as the store reopens its own (a file t
 gone, or of another length, is asked for). The files of a node's workers are on the same
 drives, a chunk's path names its version, and chunks are published whole under it.
 
-The sibling does not see these reads, so they are counted here, per chunk, and told to it
-about once a second (:mod:`lota.workers.news`): its eviction and admission rule count them
-as its own hits. Handing a descriptor over is not a read there; asking whether the sibling
-holds a chunk (:meth:`SiblingSource.holds`) is not one here.
+The sibling does not see these reads, so the reader counts each one it serves
+(:meth:`OpenChunk.read`), and they are told to the sibling about once a second, per
+chunk (:mod:`lota.workers.news`): its eviction and admission rule count them as its own
+hits. Opening a chunk is not a read, here or there: a descriptor may be opened only to
+find out whether the sibling holds the chunk (for ``x-lota-cache``), or to bring its
+bytes to hand for a read counted later.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ log = logging.getLogger("lota.workers")
 KEPT_BYTES = 512 * 1024 * 1024
 # Paths of a sibling's chunks remembered, per descriptor kept.
 PATHS_PER_DESCRIPTOR = 4
-# Distinct chunks of one sibling whose reads are counted between two news of them, at
-# most (the reads of more go untold: far more than a worker serves in a second).
-MAX_TOLD = 100_000
+# Opened chunks of one sibling read between two news of them, at most (the reads of more
+# go untold): about as many as their news fits in what may wait for the sibling.
+MAX_TOLD = 32_768
 
 ChunkId = tuple[str, str, str, int]
 # Bytes [start, end) of a file last read whole from memory (lota.cache.store.reader.Warm).
@@ -69,11 +71,33 @@ class Known(NamedTuple):
 
 class OpenChunk:
     """A sibling's chunk file, open here: read it with ``os.pread``/``os.sendfile`` on `fd`,
-    then :meth:`close` (the descriptor is closed once nobody uses it and it is not kept)."""
+    say so with :meth:`read` when it is for a client, then :meth:`close` (the descriptor is
+    closed once nobody uses it and it is not kept)."""
 
-    __slots__ = ("fd", "kept", "length", "path", "used_at", "users", "warm")
+    __slots__ = (
+        "chunk",
+        "fd",
+        "kept",
+        "length",
+        "path",
+        "reads",
+        "told",
+        "used_at",
+        "users",
+        "warm",
+    )
 
-    def __init__(self, fd: int, length: int, path: str, warm: Warmth = None) -> None:
+    def __init__(
+        self,
+        fd: int,
+        length: int,
+        path: str,
+        warm: Warmth,
+        chunk: ChunkId,
+        told: list[OpenChunk],
+    ) -> None:
+        """`chunk`: which chunk it is; `told`: where it goes once read, for its reads to be
+        told to the sibling (:meth:`SiblingSource.take_reads`)."""
         self.fd = fd
         self.length = length
         self.path = path
@@ -81,10 +105,22 @@ class OpenChunk:
         self.kept = True
         self.warm = warm  # see lota.cache.store.reader.Warm
         self.used_at = time.monotonic()
+        self.chunk = chunk
+        self.told = told
+        self.reads = 0
+        """Reads of it served here since its sibling was last told of them."""
 
     def use(self) -> OpenChunk:
         self.users += 1
         return self
+
+    def read(self) -> None:
+        """Bytes of it were read for a client (the sibling hears of it: its own hit)."""
+        if self.reads == 0:
+            if len(self.told) >= MAX_TOLD:
+                return
+            self.told.append(self)
+        self.reads += 1
 
     def close(self) -> None:
         self.users -= 1
@@ -121,9 +157,9 @@ class SiblingSource:
         # outlives the descriptor it was learnt through (see Known).
         self._paths: OrderedDict[ChunkId, Known] = OrderedDict()
         self._opened_again = 0
-        # Reads of the sibling's chunks served here since its last news of them
-        # (take_reads): the sibling's eviction and admission count them as its own hits.
-        self._reads: dict[ChunkId, int] = {}
+        # The chunks read here since the sibling was last told of their reads (take_reads):
+        # its eviction and admission count them as its own hits.
+        self._told: list[OpenChunk] = []
 
     @asynccontextmanager
     async def get(
@@ -149,7 +185,6 @@ class SiblingSource:
                     kept.warm = None  # idle since: its pages may have gone (WARM_FOR)
                 kept.used_at = now
                 kept.users += 1  # use(), written out: this runs for every hit on it
-                self._read(chunk)
                 return kept
             self._forget(chunk)  # dropped: its file turned out short
         known = self._paths.get(chunk)
@@ -164,15 +199,13 @@ class SiblingSource:
             os.close(fd)
             del self._paths[chunk]
             return None
-        opened = OpenChunk(fd, known.length, known.path, known.warmth()).use()
-        self._keep(chunk, opened, again=True)
-        self._read(chunk)
+        opened = OpenChunk(fd, known.length, known.path, known.warmth(), chunk, self._told)
+        self._keep(chunk, opened.use(), again=True)
         return opened
 
     async def open(self, meta: ObjectMeta, index: int) -> OpenChunk | None:
-        """The chunk, if the sibling holds it (a kept descriptor, or a new one), to be read
-        (counted: :meth:`take_reads`); None if not, or if the sibling cannot be asked right
-        now."""
+        """The chunk, if the sibling holds it (a kept descriptor, or a new one); None if not,
+        or if the sibling cannot be asked right now."""
         kept = self.kept(meta, index)
         if kept is not None:
             return kept
@@ -190,47 +223,26 @@ class SiblingSource:
         elif kept is not None:  # another reader had it handed over meanwhile: share that one
             os.close(found[0])
             self._kept.move_to_end(chunk)
-            self._read(chunk)
             return kept.use()
         fd, length, path = found
         known = self._paths.get(chunk)
         warm = None
         if known is not None and (known.path, known.length) == (path, length):
             warm = known.warmth()
-        opened = OpenChunk(fd, length, path, warm).use()  # in use before kept: never closed
-        self._keep(chunk, opened)
+        opened = OpenChunk(fd, length, path, warm, chunk, self._told)
+        self._keep(chunk, opened.use())  # in use before kept: never closed
         self.remember(chunk, path, length)
-        self._read(chunk)
         return opened
-
-    async def holds(self, meta: ObjectMeta, index: int) -> bool:
-        """Whether the sibling holds the chunk, as :meth:`open` finds out (its descriptor
-        kept here after): not a read of it."""
-        opened = await self.open(meta, index)
-        if opened is None:
-            return False
-        opened.close()
-        chunk: ChunkId = (meta.bucket, meta.key, meta.etag, index)
-        reads = self._reads
-        left = reads.get(chunk, 0) - 1  # open() has just counted it (no await since)
-        if left > 0:
-            reads[chunk] = left
-        else:
-            reads.pop(chunk, None)
-        return True
-
-    def _read(self, chunk: ChunkId) -> None:
-        reads = self._reads
-        count = reads.get(chunk)
-        if count is not None:
-            reads[chunk] = count + 1
-        elif len(reads) < MAX_TOLD:
-            reads[chunk] = 1
 
     def take_reads(self) -> dict[ChunkId, int]:
         """The reads of the sibling's chunks served here since the last call, per chunk (for
         :mod:`lota.workers.news` to tell the sibling)."""
-        reads, self._reads = self._reads, {}
+        told = self._told[:]
+        self._told.clear()  # the same list: every chunk open here goes to it when read again
+        reads: dict[ChunkId, int] = {}
+        for opened in told:
+            reads[opened.chunk] = reads.get(opened.chunk, 0) + opened.reads
+            opened.reads = 0
         return reads
 
     def remember(self, chunk: ChunkId, path: str, length: int, *, written: bool = False) -> None:

@@ -84,6 +84,25 @@ def test_main_reinserts_accessed_items_with_decremented_frequency() -> None:
     assert policy.evict() == "x"
 
 
+def test_accesses_told_at_once_count_as_many_in_a_row() -> None:
+    """As many passes of the main queue as accesses (up to three), told one by one or at
+    once (a sibling worker's reads, told in a batch)."""
+    for times in (1, 2, 5):
+        orders = []
+        for at_once in (False, True):
+            policy: S3FIFO[str] = S3FIFO()
+            for key in ("x", "y", "z"):
+                policy.insert(key, 1, established=True)
+            if at_once:
+                policy.access("x", times)
+            else:
+                for _ in range(times):
+                    policy.access("x")
+            policy.access("y")
+            orders.append([policy.evict() for _ in range(3)])
+        assert orders[0] == orders[1]
+
+
 def test_busy_items_are_never_chosen() -> None:
     policy: S3FIFO[int] = S3FIFO()
     for i in range(10):

@@ -757,7 +757,7 @@ async def test_hot_object_survives_a_scan(make_store: MakeStore) -> None:
 
 
 async def test_reads_a_sibling_tells_of_count_as_hits_and_a_hand_over_is_not_one(
-    make_store: MakeStore,
+    make_store: MakeStore, clock: FakeClock
 ) -> None:
     """A chunk a sibling worker read from its own descriptor, and told this store of
     (told_reads), survives a scan as a chunk read here does; a chunk only handed over to
@@ -768,8 +768,10 @@ async def test_reads_a_sibling_tells_of_count_as_hits_and_a_hand_over_is_not_one
     handed = await store.admit(meta(key="handed", size=8 * CS))
     await fill_all(store, told)
     await fill_all(store, handed)
+    clock.advance(60)
     for index in range(8):
         store.told_reads(told, index, 2)
+        assert told.chunks[index].last_access == clock.time()  # not idle: the scrubber waits
         reader = await store.open_chunk(handed, index, read=False)
         assert reader is not None
         reader.close()

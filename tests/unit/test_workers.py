@@ -15,13 +15,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
+from unittest import mock
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.parser import text_string_to_metric_families
 
+from lota.cache.deliver import Deliverer
 from lota.cache.fill import Filler, checked_at
+from lota.cache.route import Alone
 from lota.cache.service import ChunkService
 from lota.cache.source import VALIDATED_AT
 from lota.cache.store import CacheStore, ObjectMeta
@@ -35,8 +39,9 @@ from lota.workers import fds, siblings
 from lota.workers.metrics import merge
 from lota.workers.news import MAX_BATCH, MAX_WAITING, News
 from lota.workers.news import _reads_items as news_reads_items
-from lota.workers.node import is_sibling, worker_name
+from lota.workers.node import descriptor_server, is_sibling, worker_name
 from lota.workers.placement import MetadataHome
+from lota.workers.spec import WorkerSpec
 
 MiB = 1024 * 1024
 
@@ -632,6 +637,7 @@ async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
             ]
         finally:
             await news0.close()
+            await news1.close()
             client.close()
             source.close()
             await server.close()
@@ -642,8 +648,9 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
 ) -> None:
     """A worker counts the reads of a sibling's chunks it serves, from a descriptor handed
     over, kept or opened again from its path, and tells the sibling, which counts them as
-    its own hits (CacheStore.told_reads). Asking whether the sibling holds a chunk is not a
-    read. Reads told wrong are refused."""
+    its own hits (CacheStore.told_reads). Opening a chunk is not a read: asking whether the
+    sibling holds it, or bringing it to hand for a read counted later. Reads told wrong are
+    refused."""
     async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
         metrics0, metrics1 = Metrics(), Metrics()
         told: Counter[tuple[str, str, str, int]] = Counter()
@@ -671,21 +678,26 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
             for meta in metas:
                 (tmp_path / meta.key).write_bytes(b"x" * 100)
 
-            async def read(meta: ObjectMeta) -> None:
+            async def read(meta: ObjectMeta, *, for_a_client: bool = True) -> None:
                 opened = await source.open(meta, 0)
                 assert opened is not None
+                if for_a_client:
+                    opened.read()
                 opened.close()
 
             await read(metas[0])  # handed over
             for _ in range(3):
                 await read(metas[0])  # kept
-            assert await source.holds(metas[1], 0)  # handed over: not a read
+            await read(metas[1], for_a_client=False)  # handed over, to see whether it is held
             await read(metas[1])  # kept
             await read(metas[2])  # handed over: k0's descriptor is closed (2 kept)
             await read(metas[0])  # opened again from its path
+            await read(metas[2], for_a_client=False)  # brought to hand: read later, or not
             assert handing.asked == ["k0", "k1", "k2"]
-            news0.tell_reads()
+            await news0.tell_reads()
             assert source.take_reads() == {}
+            await read(metas[1])
+            assert source.take_reads() == {("b", "k1", '"e"', 0): 1}  # counted again since
             for _ in range(200):
                 if _counted(metrics1, "lota_worker_news_total", result="heard"):
                     break
@@ -708,16 +720,107 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
             assert _counted(metrics1, reads, result="unknown") == 1
         finally:
             await news0.close()
+            await news1.close()
             client.close()
             source.close()
             await server.close()
 
 
+async def test_handing_a_chunk_to_a_sibling_is_not_a_read_of_it(tmp_path: Path) -> None:
+    """The owner hands a chunk's descriptor over without counting a hit (or, for a chunk
+    it does not hold, a miss): the sibling tells of its reads itself. Nor is bringing a
+    chunk's bytes to hand for an answer a read: the answer is (one hit)."""
+    async with _worker_store(tmp_path / "w0") as cache:
+        store = cache._store
+        obj = await store.admit(_meta("k", 1000.0))
+        writer = await store.begin_chunk(obj, 0)
+        assert writer is not None
+        await writer.write(b"z" * 100)
+        await writer.commit()
+        spec = WorkerSpec(index=0, count=2, listen_fd=-1, run_dir=str(tmp_path), secret="s")
+
+        async def hear(told: dict[str, object]) -> None:
+            pass
+
+        async with descriptor_server(spec, cache, hear):
+            client = fds.FdClient(spec.fd_socket(0))
+            try:
+                for _ in range(3):
+                    handed = await client.open("b", "k", '"e"', 0)
+                    assert handed is not None and os.pread(handed[0], 200, 0) == b"z" * 100
+                    os.close(handed[0])
+                assert await client.open("b", "other", '"e"', 0) is None
+            finally:
+                client.close()
+        assert (store.stats()["hits"], store.stats()["misses"]) == (0, 0)
+        deliverer = Deliverer(cache, Metrics(), 1)
+        try:
+            here = Alone(cache, None)  # type: ignore[arg-type]
+            assert await deliverer.bring_to_hand(here, obj, 0, 99)
+            assert store.stats()["hits"] == 0
+            assert deliverer.read_now(here, obj, 0, 99) == b"z" * 100
+            assert store.stats()["hits"] == 1
+        finally:
+            deliverer.close()
+
+
+async def test_a_read_of_a_sibling_s_chunk_counts_once_wherever_its_bytes_came_from(
+    tmp_path: Path,
+) -> None:
+    """A GET answered at once from a sibling's chunk counts one read, told to the sibling:
+    when its bytes were first brought to hand (handed over, read on a thread), and when
+    its descriptor was kept but its pages were gone (read_now finds nothing and the read
+    is served the slow way). Nothing is counted for bytes not read."""
+
+    class NotHere:  # this worker holds none of the sibling's chunks
+        chunk_size = 1000
+
+        def read_hot(self, *args: object, **kwargs: object) -> None:
+            return None
+
+        def has_chunk(self, *args: object) -> bool:
+            return False
+
+    (tmp_path / "k").write_bytes(b"x" * 1000)
+    obj = SimpleNamespace(meta=SimpleNamespace(bucket="b", key="k", etag='"e"'), alive=True)
+    chunk = ("b", "k", '"e"', 0)
+    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 8)  # type: ignore[arg-type]
+
+    class Elsewhere:
+        def kept_elsewhere(self, obj: SimpleNamespace, index: int) -> siblings.OpenChunk | None:
+            return source.kept(obj.meta, index)  # type: ignore[arg-type]
+
+        async def open_elsewhere(
+            self, obj: SimpleNamespace, index: int
+        ) -> siblings.OpenChunk | None:
+            return await source.open(obj.meta, index)  # type: ignore[arg-type]
+
+    deliverer = Deliverer(NotHere(), Metrics(), 1)  # type: ignore[arg-type]
+    placement: Any = Elsewhere()
+    try:
+        assert deliverer.read_now(placement, obj, 0, 99) is None  # type: ignore[arg-type]
+        assert await deliverer.bring_to_hand(placement, obj, 0, 99)  # type: ignore[arg-type]
+        assert source.take_reads() == {}
+        assert deliverer.read_now(placement, obj, 0, 99) == b"x" * 100  # type: ignore[arg-type]
+        assert source.take_reads() == {chunk: 1}
+        with mock.patch("lota.cache.deliver.read_or_span", return_value=None):
+            assert deliverer.read_now(placement, obj, 0, 99) is None  # type: ignore[arg-type]
+        assert source.take_reads() == {}
+        assert await deliverer.read_cached(placement, obj, 0, 99) == b"x" * 100  # type: ignore[arg-type]
+        assert source.take_reads() == {chunk: 1}
+    finally:
+        deliverer.close()
+        source.close()
+
+
 def test_reads_told_at_once_are_split_into_items_that_fit_a_line() -> None:
     entries = [["b", "k" * 900 + str(i), '"e"', i % 7, i + 1] for i in range(200)]
     items = list(news_reads_items(entries))
-    assert len(items) > 1 and all(len(item) <= MAX_BATCH for item in items)
-    assert [e for item in items for e in json.loads(item)["reads"]] == entries
+    assert len(items) > 1 and all(len(item) <= MAX_BATCH for item, _ in items)
+    assert [e for item, _ in items for e in json.loads(item)["reads"]] == entries
+    assert [times for _, times in items] == [
+        sum(e[-1] for e in json.loads(item)["reads"]) for item, _ in items
+    ]
 
 
 def _counted(metrics: Metrics, name: str, **labels: str) -> float:
