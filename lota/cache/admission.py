@@ -182,7 +182,9 @@ class Admission(Generic[K]):
         them, and told of them together): counted as that many hits coming evenly since its
         last read (with no other read between, exactly as they would have been; a chunk
         not read before learns no interval from them)."""
-        if times <= 0:
+        if times <= 1:
+            if times == 1:
+                self.hit(key, size)
             return
         held, sketch = self._held_reads, self._sketch
         left = times

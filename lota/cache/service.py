@@ -94,14 +94,18 @@ class ChunkService:
         :meth:`lota.cache.store.CacheStore.open_chunk`."""
         return await self._store.open_chunk(obj, index, read=read)
 
-    def told_reads(self, bucket: str, key: str, etag: str, index: int, times: int) -> bool:
-        """`times` reads of a chunk this worker owns that a sibling served (see
-        :meth:`lota.cache.store.CacheStore.told_reads`); False if the object's version is
-        not known here (nothing to count them against)."""
-        obj = self._store.lookup(bucket, key)
-        if obj is None or obj.meta.etag != etag:
+    def told_reads(self, name: str, times: int) -> bool:
+        """`times` reads of a chunk this worker owns that a sibling served, named by its
+        file (``STEM.INDEX``; see :meth:`lota.cache.store.CacheStore.told_reads`); False if
+        that admission of its object is no longer here (nothing to count them against).
+        ValueError if `name` is not a chunk file's, or not one of its object's chunks."""
+        stem, _, index = name.partition(".")
+        if not index.isdigit():
+            raise ValueError(f"not a chunk file's name: {name!r}")
+        obj = self._store.by_stem(stem)
+        if obj is None:
             return False
-        self._store.told_reads(obj, index, times)
+        self._store.told_reads(obj, int(index), times)
         return True
 
     def chunk_path(self, obj: CachedObject, index: int) -> str:

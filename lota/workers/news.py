@@ -18,8 +18,8 @@ path. So a worker that learns something tells every sibling at once:
   process, reached only through the node's private socket directory), so that whichever
   worker the next read of a URL reaches answers it from its bytes;
 - every :data:`READS_EVERY` seconds, how many times it read each of the sibling's chunks
-  from its own descriptor of the chunk's file (:class:`SiblingSource`; a hand-over is
-  not a read): the sibling's eviction and admission count them as its own hits
+  from its own descriptor of the chunk's file, by the file's name (:class:`SiblingSource`;
+  a hand-over is not a read): the sibling's eviction and admission count them as its own hits
   (:meth:`lota.cache.store.CacheStore.told_reads`). Without them, the owner of a chunk
   would hear of only its own worker's share of the reads, and with several workers keep
   the wrong chunks (``python -m bench.admission`` measured what that costs).
@@ -123,7 +123,7 @@ class News:
             box = self._outboxes.get(k)
             if not reads or box is None:
                 continue
-            entries = [[*chunk, times] for chunk, times in reads.items()]
+            entries = [[name, times] for name, times in reads.items()]
             for start in range(0, len(entries), _READS_GROUP):
                 for item, times in _reads_items(entries[start : start + _READS_GROUP]):
                     if self._put(box, item):
@@ -193,15 +193,13 @@ class News:
 
     def _count_reads(self, entries: list[list[Any]]) -> str:
         refused = False
-        for bucket, key, etag, index, times in entries:
+        for name, times in entries:
             if not 0 < int(times) <= MAX_TIMES:
                 refused = True
                 continue
             try:
-                known = self._cache.told_reads(
-                    str(bucket), str(key), str(etag), int(index), int(times)
-                )
-            except ValueError:  # not one of the object's chunks (a version told wrong)
+                known = self._cache.told_reads(str(name), int(times))
+            except ValueError:  # not the name of a chunk file, or of one of its object's
                 refused = True
                 continue
             self._reads["heard" if known else "unknown"].inc(int(times))
@@ -262,8 +260,9 @@ class _Outbox:
 
 
 def _reads_items(entries: list[list[Any]]) -> Iterator[tuple[bytes, int]]:
-    """``{"reads": entries}``, encoded, in as many items as keep each within MAX_BATCH
-    (one too large alone is left to be dropped), each with the reads it tells."""
+    """``{"reads": entries}`` (``[name, times]`` each), encoded, in as many items as keep
+    each within MAX_BATCH (one too large alone is left to be dropped), each with the reads
+    it tells."""
     encoded = b'{"reads":%b}' % json.dumps(entries, separators=(",", ":")).encode()
     if len(encoded) <= MAX_BATCH or len(entries) == 1:
         yield encoded, sum(entry[-1] for entry in entries)

@@ -17,7 +17,8 @@ drives, a chunk's path names its version, and chunks are published whole under i
 
 The sibling does not see these reads, so the reader counts each one it serves
 (:meth:`OpenChunk.read`), and they are told to the sibling about once a second, per
-chunk (:mod:`lota.workers.news`): its eviction and admission rule count them as its own
+chunk file (its name, ``STEM.INDEX``, is the sibling's name for that chunk of that
+version: :mod:`lota.workers.news`): its eviction and admission rule count them as its own
 hits. Opening a chunk is not a read, here or there: a descriptor may be opened only to
 find out whether the sibling holds the chunk (for ``x-lota-cache``), or to bring its
 bytes to hand for a read counted later.
@@ -75,7 +76,6 @@ class OpenChunk:
     closed once nobody uses it and it is not kept)."""
 
     __slots__ = (
-        "chunk",
         "fd",
         "kept",
         "length",
@@ -93,11 +93,10 @@ class OpenChunk:
         length: int,
         path: str,
         warm: Warmth,
-        chunk: ChunkId,
         told: list[OpenChunk],
     ) -> None:
-        """`chunk`: which chunk it is; `told`: where it goes once read, for its reads to be
-        told to the sibling (:meth:`SiblingSource.take_reads`)."""
+        """`told`: where it goes once read, for its reads to be told to the sibling
+        (:meth:`SiblingSource.take_reads`)."""
         self.fd = fd
         self.length = length
         self.path = path
@@ -105,7 +104,6 @@ class OpenChunk:
         self.kept = True
         self.warm = warm  # see lota.cache.store.reader.Warm
         self.used_at = time.monotonic()
-        self.chunk = chunk
         self.told = told
         self.reads = 0
         """Reads of it served here since its sibling was last told of them."""
@@ -199,7 +197,7 @@ class SiblingSource:
             os.close(fd)
             del self._paths[chunk]
             return None
-        opened = OpenChunk(fd, known.length, known.path, known.warmth(), chunk, self._told)
+        opened = OpenChunk(fd, known.length, known.path, known.warmth(), self._told)
         self._keep(chunk, opened.use(), again=True)
         return opened
 
@@ -229,19 +227,20 @@ class SiblingSource:
         warm = None
         if known is not None and (known.path, known.length) == (path, length):
             warm = known.warmth()
-        opened = OpenChunk(fd, length, path, warm, chunk, self._told)
+        opened = OpenChunk(fd, length, path, warm, self._told)
         self._keep(chunk, opened.use())  # in use before kept: never closed
         self.remember(chunk, path, length)
         return opened
 
-    def take_reads(self) -> dict[ChunkId, int]:
-        """The reads of the sibling's chunks served here since the last call, per chunk (for
-        :mod:`lota.workers.news` to tell the sibling)."""
+    def take_reads(self) -> dict[str, int]:
+        """The reads of the sibling's chunks served here since the last call, by the name of
+        the chunk's file (for :mod:`lota.workers.news` to tell the sibling)."""
         told = self._told[:]
         self._told.clear()  # the same list: every chunk open here goes to it when read again
-        reads: dict[ChunkId, int] = {}
+        reads: dict[str, int] = {}
         for opened in told:
-            reads[opened.chunk] = reads.get(opened.chunk, 0) + opened.reads
+            name = os.path.basename(opened.path)
+            reads[name] = reads.get(name, 0) + opened.reads
             opened.reads = 0
         return reads
 

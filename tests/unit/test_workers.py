@@ -653,11 +653,11 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
     refused."""
     async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
         metrics0, metrics1 = Metrics(), Metrics()
-        told: Counter[tuple[str, str, str, int]] = Counter()
+        told: Counter[str] = Counter()
 
-        def spy(bucket: str, key: str, etag: str, index: int, times: int) -> bool:
-            told[bucket, key, etag, index] += times
-            return key != "k2"  # as if its version were no longer known there
+        def spy(name: str, times: int) -> bool:
+            told[name] += times
+            return name != "k2"  # as if its object were no longer there
 
         monkeypatch.setattr(cache1, "told_reads", spy)
         client = fds.FdClient(str(tmp_path / "w1.fds"))
@@ -697,20 +697,20 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
             await news0.tell_reads()
             assert source.take_reads() == {}
             await read(metas[1])
-            assert source.take_reads() == {("b", "k1", '"e"', 0): 1}  # counted again since
+            assert source.take_reads() == {"k1": 1}  # counted again since
             for _ in range(200):
                 if _counted(metrics1, "lota_worker_news_total", result="heard"):
                     break
                 await asyncio.sleep(0.01)
             assert told == {
-                ("b", "k0", '"e"', 0): 5,
-                ("b", "k1", '"e"', 0): 1,
-                ("b", "k2", '"e"', 0): 1,
+                "k0": 5,
+                "k1": 1,
+                "k2": 1,
             }
             for wrong in (
-                ["b", "k0", '"e"', 0, 0],
-                ["b", "k0", '"e"', 0],
-                ["b", "k0", '"e"', 0, 1 << 30],
+                ["k0", 0],
+                ["k0"],
+                ["k0", 1 << 30],
             ):
                 await news1.hear({"from": 0, "news": [{"reads": [wrong]}]})
             assert _counted(metrics1, "lota_worker_news_total", result="refused") == 3
@@ -728,8 +728,9 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
 
 async def test_handing_a_chunk_to_a_sibling_is_not_a_read_of_it(tmp_path: Path) -> None:
     """The owner hands a chunk's descriptor over without counting a hit (or, for a chunk
-    it does not hold, a miss): the sibling tells of its reads itself. Nor is bringing a
-    chunk's bytes to hand for an answer a read: the answer is (one hit)."""
+    it does not hold, a miss): the sibling tells of its reads itself, naming the chunk by
+    its file. Nor is bringing a chunk's bytes to hand for an answer a read: the answer is
+    (one hit)."""
     async with _worker_store(tmp_path / "w0") as cache:
         store = cache._store
         obj = await store.admit(_meta("k", 1000.0))
@@ -753,6 +754,12 @@ async def test_handing_a_chunk_to_a_sibling_is_not_a_read_of_it(tmp_path: Path) 
             finally:
                 client.close()
         assert (store.stats()["hits"], store.stats()["misses"]) == (0, 0)
+        assert cache.told_reads(os.path.basename(cache.chunk_path(obj, 0)), 3)
+        assert not cache.told_reads("0" * 32 + ".0", 1)  # no such admission here
+        for wrong in (f"{obj.stem}.9", f"{obj.stem}", "k.x"):  # not one of its chunks' files
+            with pytest.raises(ValueError):
+                cache.told_reads(wrong, 1)
+        assert store.stats()["hits"] == 0  # the sibling's
         deliverer = Deliverer(cache, Metrics(), 1)
         try:
             here = Alone(cache, None)  # type: ignore[arg-type]
@@ -783,7 +790,7 @@ async def test_a_read_of_a_sibling_s_chunk_counts_once_wherever_its_bytes_came_f
 
     (tmp_path / "k").write_bytes(b"x" * 1000)
     obj = SimpleNamespace(meta=SimpleNamespace(bucket="b", key="k", etag='"e"'), alive=True)
-    chunk = ("b", "k", '"e"', 0)
+    chunk = "k"  # its file's name
     source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 8)  # type: ignore[arg-type]
 
     class Elsewhere:

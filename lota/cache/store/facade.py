@@ -292,6 +292,10 @@ class CacheStore:
     def lookup(self, bucket: str, key: str) -> CachedObject | None:
         return self._table.lookup(bucket, key)
 
+    def by_stem(self, stem: str) -> CachedObject | None:
+        """The object admitted under file stem `stem` (its chunks' files' names begin so)."""
+        return self._table.by_stem(stem)
+
     async def admit(
         self, meta: ObjectMeta, since: float | None = None, *, tell: bool = False
     ) -> CachedObject:
