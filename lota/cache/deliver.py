@@ -24,7 +24,9 @@ import logging
 import os
 import select
 import socket
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from aiohttp import web
 from prometheus_client import Counter
@@ -55,6 +57,10 @@ SENDFILE_MIN = 1024 * 1024
 MAX_ATTEMPTS = 3
 # Sources a relay may resume from after one broke off mid-body (peers that died).
 MAX_RESUMES = 4
+
+
+Reads = list[Callable[[], None]]
+"""Counts of reads to make once a whole answer is found (:meth:`Deliverer.read_now`)."""
 
 
 class ChunkUnreadable(LotaError, OSError):
@@ -144,18 +150,25 @@ class Deliverer:
     async def _gather(
         self, placement: Placement, obj: CachedObject, first: int, last: int, *, count: bool
     ) -> list[bytes | bytearray] | None:
-        """The bytes, chunk by chunk; `count`: as reads (else the read comes later)."""
+        """The bytes, chunk by chunk; `count`: as reads, once every chunk is found (else the
+        read comes later, or is served another way: counted there)."""
         found = []
+        reads: Reads = []
         for index, lo, hi in pieces(first, last, self.chunk_size):
-            data = self.cache.read_hot(obj, index, lo, hi - lo) if count else None
+            data = self.cache.read_hot(obj, index, lo, hi - lo, False, False) if count else None
             assert not isinstance(data, FileSpan)  # not asked for one
             if data is None:
-                data = await self._read_cold(obj, index, lo, hi - lo, read=count)
-            if data is None:
-                data = await self._read_elsewhere(placement, obj, index, lo, hi - lo, count)
+                data = await self._read_cold(obj, index, lo, hi - lo)
+            if data is not None:
+                reads.append(partial(self.cache.count_hit, obj, index))
+            else:
+                data = await self._read_elsewhere(placement, obj, index, lo, hi - lo, reads)
             if data is None:
                 return None
             found.append(data)
+        if count:
+            for read in reads:
+                read()
         return found
 
     def read_now(
@@ -179,20 +192,33 @@ class Deliverer:
                 self._sent_hit.n += size
             return got
         found = []
+        reads: Reads = []  # counted once every chunk is found (else the caller reads again)
         for index, lo, hi in pieces(first, last, self.chunk_size):
-            got = self._read_now(placement, obj, index, lo, hi - lo, False)
+            got = self._read_now(placement, obj, index, lo, hi - lo, False, reads)
             if got is None:
                 return None
             assert not isinstance(got, FileSpan)
             found.append(got)
+        for read in reads:
+            read()
         return self._hit(found, size)
 
     def _read_now(
-        self, placement: Placement, obj: CachedObject, index: int, lo: int, count: int, span: bool
+        self,
+        placement: Placement,
+        obj: CachedObject,
+        index: int,
+        lo: int,
+        count: int,
+        span: bool,
+        reads: Reads | None = None,
     ) -> bytes | bytearray | FileSpan | None:
-        """`count` bytes at `lo` of chunk `index`, as :meth:`read_now` reads them."""
-        got = self.cache.read_hot(obj, index, lo, count, span)
+        """`count` bytes at `lo` of chunk `index`, as :meth:`read_now` reads them; counted
+        as a read, or, if `reads`, its count added to them."""
+        got = self.cache.read_hot(obj, index, lo, count, span, reads is None)
         if got is not None:
+            if reads is not None:
+                reads.append(partial(self.cache.count_hit, obj, index))
             return got
         opened = placement.kept_elsewhere(obj, index)
         if opened is None:
@@ -203,7 +229,10 @@ class Deliverer:
         finally:
             opened.close()
         if got is not None:
-            opened.read()
+            if reads is None:
+                opened.read()
+            else:
+                reads.append(opened.read)
         return got
 
     def _hit(self, found: list[bytes | bytearray], size: int) -> bytes | bytearray:
@@ -217,10 +246,10 @@ class Deliverer:
         index: int,
         lo: int,
         count: int,
-        read: bool,
+        reads: Reads,
     ) -> bytes | bytearray | None:
-        """The bytes of a chunk another worker of this node holds, if it does; `read`: for
-        a client now (told to that worker)."""
+        """The bytes of a chunk another worker of this node holds, if it does; its count
+        (told to that worker) added to `reads`."""
         opened = await placement.open_elsewhere(obj, index)
         if opened is None:
             return None
@@ -232,19 +261,18 @@ class Deliverer:
             opened.close()
         if len(data) != count:
             return None
-        if read:
-            opened.read()
+        reads.append(opened.read)
         return data
 
     async def _read_cold(
-        self, obj: CachedObject, index: int, lo: int, count: int, *, read: bool = True
+        self, obj: CachedObject, index: int, lo: int, count: int
     ) -> bytes | bytearray | None:
         """Like :meth:`ChunkService.read_hot` for a chunk not read since start-up (opened,
         and verified if the policy says so, first) or not in the page cache; None if it is
-        missing or unreadable. `read`: counted as a read (a hit) at the store."""
+        missing or unreadable. Not counted as a read: the caller counts it."""
         if not self.cache.has_chunk(obj, index):
             return None
-        reader = await self.cache.open_chunk(obj, index, read=read)
+        reader = await self.cache.open_chunk(obj, index, read=False)
         if reader is None:
             return None
         try:

@@ -293,7 +293,7 @@ class _NotHeld(Exception):
 async def _cached_bytes(cache: ChunkService, obj: CachedObject) -> AsyncIterator[bytes]:
     """Every byte of `obj`, from its chunks, read on a thread a piece at a time."""
     for index in range(chunk_count(obj.meta.size, cache.chunk_size)):
-        reader = await cache.open_chunk(obj, index)
+        reader = await cache.open_chunk(obj, index, read=False)  # a copy: no client's read
         if reader is None:
             raise _NotHeld(f"chunk {index} of {obj!r} is gone")
         try:

@@ -16,6 +16,7 @@ from prometheus_client import Counter
 
 from lota.cache.fill import ChunkFill, Filler, FillJob, OriginReply
 from lota.cache.intake import Intake, start_intake
+from lota.cache.layout import parse_final
 from lota.cache.plan import chunk_span
 from lota.cache.source import ByteSource, ChunkSource
 from lota.cache.store import CachedObject, CacheStore, ChunkReader, ObjectMeta, Watcher
@@ -30,6 +31,7 @@ class ChunkService:
         # Bytes of a chunk already open and in the page cache, read without a thread (or
         # a span of its file to send from there): the store's own, called for every hit.
         self.read_hot = store.read_hot
+        self.count_hit = store.count_hit
         self.chunk_size = filler.chunk_size
         self.fill_concurrency = filler.concurrency
 
@@ -99,13 +101,13 @@ class ChunkService:
         file (``STEM.INDEX``; see :meth:`lota.cache.store.CacheStore.told_reads`); False if
         that admission of its object is no longer here (nothing to count them against).
         ValueError if `name` is not a chunk file's, or not one of its object's chunks."""
-        stem, _, index = name.partition(".")
-        if not index.isdigit():
+        parsed = parse_final(name)
+        if parsed is None:
             raise ValueError(f"not a chunk file's name: {name!r}")
-        obj = self._store.by_stem(stem)
+        obj = self._store.by_stem(parsed[0])
         if obj is None:
             return False
-        self._store.told_reads(obj, int(index), times)
+        self._store.told_reads(obj, parsed[1], times)
         return True
 
     def chunk_path(self, obj: CachedObject, index: int) -> str:

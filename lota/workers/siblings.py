@@ -48,7 +48,8 @@ KEPT_BYTES = 512 * 1024 * 1024
 # Paths of a sibling's chunks remembered, per descriptor kept.
 PATHS_PER_DESCRIPTOR = 4
 # Opened chunks of one sibling read between two news of them, at most (the reads of more
-# go untold): about as many as their news fits in what may wait for the sibling.
+# go untold): a third of what may wait for the sibling (news.MAX_WAITING), at ~41 bytes
+# each, and far more than a worker serves in a second.
 MAX_TOLD = 32_768
 
 ChunkId = tuple[str, str, str, int]

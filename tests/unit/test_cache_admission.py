@@ -102,7 +102,8 @@ def test_reads_held_when_the_sketch_grows_are_dropped_with_the_counts_it_had() -
 
 # The period (4 x 1,024 reads) ends amid the reads told: none, those of 1000, of 60.
 @pytest.mark.parametrize("before", [100, 4 * 1024 - 10, 4 * 1024 - 61])
-def test_reads_told_at_once_count_as_as_many_in_a_row(before: int) -> None:
+@pytest.mark.parametrize("times", [1, 25])
+def test_reads_told_at_once_count_as_as_many_in_a_row(before: int, times: int) -> None:
     """A sibling worker tells a chunk's owner of its reads in batches: n hits of a cached
     chunk (or n reads of one not cached) at once count as n in a row, a period's end
     between them included (the re-read intervals too, when nothing else was read since
@@ -119,11 +120,11 @@ def test_reads_told_at_once_count_as_as_many_in_a_row(before: int) -> None:
             for _ in range(25):
                 rule.read(1000, 10)
         for key in (7, 60):
-            rule.hit(key, 10)  # then 25 more, with no other read between
+            rule.hit(key, 10)  # then `times` more, with no other read between
             if at_once:
-                rule.hits(key, 10, 25)
+                rule.hits(key, 10, times)
             else:
-                for _ in range(25):
+                for _ in range(times):
                     rule.hit(key, 10)
         for key in [*range(50), 60]:
             rule.removed(key)  # raises what each holds

@@ -711,9 +711,10 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
                 ["k0", 0],
                 ["k0"],
                 ["k0", 1 << 30],
+                ["k0", float("inf")],  # JSON's Infinity
             ):
                 await news1.hear({"from": 0, "news": [{"reads": [wrong]}]})
-            assert _counted(metrics1, "lota_worker_news_total", result="refused") == 3
+            assert _counted(metrics1, "lota_worker_news_total", result="refused") == 4
             reads = "lota_worker_sibling_reads_total"
             assert _counted(metrics0, reads, result="told") == 7
             assert _counted(metrics1, reads, result="heard") == 6
@@ -815,6 +816,67 @@ async def test_a_read_of_a_sibling_s_chunk_counts_once_wherever_its_bytes_came_f
         assert source.take_reads() == {}
         assert await deliverer.read_cached(placement, obj, 0, 99) == b"x" * 100  # type: ignore[arg-type]
         assert source.take_reads() == {chunk: 1}
+    finally:
+        deliverer.close()
+        source.close()
+
+
+async def test_a_read_of_several_chunks_counts_each_once_when_all_are_found(
+    tmp_path: Path,
+) -> None:
+    """A small range across two of a sibling's chunks, the first at hand and the second
+    not: nothing is counted until both are found (else the first would count again when
+    the read is tried anew)."""
+
+    class ByIndex(_Handing):
+        async def open(self, bucket: str, key: str, etag: str, index: int) -> fds.Handed:
+            return await super().open(bucket, f"{key}.{index}", etag, index)
+
+    class NotHere:
+        chunk_size = 1000
+
+        def read_hot(self, *args: object) -> None:
+            return None
+
+        def has_chunk(self, *args: object) -> bool:
+            return False
+
+    for index in range(2):
+        (tmp_path / f"k.{index}").write_bytes(b"x" * 1000)
+    meta = SimpleNamespace(bucket="b", key="k", etag='"e"')
+    obj = SimpleNamespace(meta=meta, alive=True)
+    source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), ByIndex(tmp_path), 8)  # type: ignore[arg-type]
+
+    class Elsewhere:
+        def kept_elsewhere(self, obj: SimpleNamespace, index: int) -> siblings.OpenChunk | None:
+            return source.kept(obj.meta, index)  # type: ignore[arg-type]
+
+        async def open_elsewhere(
+            self, obj: SimpleNamespace, index: int
+        ) -> siblings.OpenChunk | None:
+            return await source.open(obj.meta, index)  # type: ignore[arg-type]
+
+    deliverer = Deliverer(NotHere(), Metrics(), 1)  # type: ignore[arg-type]
+    placement: Any = Elsewhere()
+    try:
+        first = await source.open(meta, 0)  # type: ignore[arg-type]
+        assert first is not None
+        first.close()  # chunk 0 kept here, chunk 1 not yet
+        for _ in range(2):
+            assert deliverer.read_now(placement, obj, 900, 1099) is None  # type: ignore[arg-type]
+        assert await deliverer.bring_to_hand(placement, obj, 900, 1099)  # type: ignore[arg-type]
+        assert deliverer.read_now(placement, obj, 900, 1099) == b"x" * 200  # type: ignore[arg-type]
+        assert source.take_reads() == {"k.0": 1, "k.1": 1}
+        opened_before = source.open
+
+        async def chunk_2_not_held(meta: Any, index: int) -> siblings.OpenChunk | None:
+            return None if index == 2 else await opened_before(meta, index)
+
+        with mock.patch.object(source, "open", chunk_2_not_held):
+            assert await deliverer.read_cached(placement, obj, 1900, 2099) is None  # type: ignore[arg-type]
+        assert source.take_reads() == {}  # chunk 1 was read, chunk 2 not held: none counted
+        assert await deliverer.read_cached(placement, obj, 900, 1099) == b"x" * 200  # type: ignore[arg-type]
+        assert source.take_reads() == {"k.0": 1, "k.1": 1}
     finally:
         deliverer.close()
         source.close()

@@ -384,7 +384,13 @@ class CacheStore:
     # Chunks
 
     def read_hot(
-        self, obj: CachedObject, index: int, offset: int, count: int, span: bool = False
+        self,
+        obj: CachedObject,
+        index: int,
+        offset: int,
+        count: int,
+        span: bool = False,
+        touch: bool = True,
     ) -> bytes | bytearray | FileSpan | None:
         """`count` bytes at `offset` of chunk `index` if it is hot (read since start-up,
         checked, its descriptor still open) and the bytes are in the page cache, read at
@@ -392,9 +398,20 @@ class CacheStore:
         span of the chunk's file, to be sent from the page cache at once
         (:mod:`lota.zerocopy`), once they were read so before
         (:func:`lota.cache.store.reader.read_or_span`). Nothing can close the descriptor
-        meanwhile: that only happens on the event loop, which this call holds."""
+        meanwhile: that only happens on the event loop, which this call holds. `touch`:
+        counted as a read (a hit) when found; else :meth:`count_hit` counts it later, once
+        the rest of the answer is found too."""
         chunk = obj.chunks.get(index) if obj.alive and self._ready else None
-        return None if chunk is None else self._readers.read_hot(chunk, offset, count, span)
+        if chunk is None:
+            return None
+        return self._readers.read_hot(chunk, offset, count, span, touch)
+
+    def count_hit(self, obj: CachedObject, index: int) -> None:
+        """Count a read of chunk `index` of `obj` that :meth:`read_hot` (`touch` false) or
+        :meth:`open_chunk` (`read` false) served, if it is still held."""
+        chunk = obj.chunks.get(index) if obj.alive and self._ready else None
+        if chunk is not None:
+            self._readers.touch(chunk)
 
     async def open_chunk(
         self, obj: CachedObject, index: int, *, read: bool = True

@@ -162,7 +162,7 @@ class Readers:
         self._verifying: dict[Chunk, asyncio.Future[None]] = {}
 
     def read_hot(
-        self, chunk: Chunk, offset: int, count: int, span: bool = False
+        self, chunk: Chunk, offset: int, count: int, span: bool = False, touch: bool = True
     ) -> bytes | bytearray | FileSpan | None:
         """See :meth:`lota.cache.store.CacheStore.read_hot`."""
         if not self._hot(chunk):
@@ -176,7 +176,8 @@ class Readers:
             if os.fstat(chunk.fd).st_size < chunk.length:  # cut short: never serve it
                 self.drop_unreadable(chunk.obj, chunk.index)
             return None
-        self._touch(chunk, now)
+        if touch:
+            self._touch(chunk, now)
         return found
 
     def _hot(self, chunk: Chunk) -> bool:
@@ -244,6 +245,10 @@ class Readers:
         if read:
             self._touch(chunk)
         return ChunkReader(fd, chunk.length, partial(self._table.unref, chunk), owned=owned)
+
+    def touch(self, chunk: Chunk, now: float | None = None) -> None:
+        """See :meth:`lota.cache.store.CacheStore.count_hit`."""
+        self._touch(chunk, now)
 
     def _touch(self, chunk: Chunk, now: float | None = None) -> None:
         """A chunk is read (at `now`, the store's clock): the eviction policy and the
