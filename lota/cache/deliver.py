@@ -155,7 +155,7 @@ class Deliverer:
         found = []
         reads: Reads = []
         for index, lo, hi in pieces(first, last, self.chunk_size):
-            data = self.cache.read_hot(obj, index, lo, hi - lo, False, False) if count else None
+            data = self.cache.read_hot(obj, index, lo, hi - lo, False, False)  # counted below
             assert not isinstance(data, FileSpan)  # not asked for one
             if data is None:
                 data = await self._read_cold(obj, index, lo, hi - lo)
