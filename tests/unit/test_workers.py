@@ -772,6 +772,31 @@ async def test_handing_a_chunk_to_a_sibling_is_not_a_read_of_it(tmp_path: Path) 
             deliverer.close()
 
 
+class _NotHere:
+    """A worker's cache holding none of its sibling's chunks (chunks of 1,000 bytes)."""
+
+    chunk_size = 1000
+
+    def read_hot(self, *args: object) -> None:
+        return None
+
+    def has_chunk(self, *args: object) -> bool:
+        return False
+
+
+class _Elsewhere:
+    """A placement whose chunks are all `source`'s, a sibling's."""
+
+    def __init__(self, source: siblings.SiblingSource) -> None:
+        self._source = source
+
+    def kept_elsewhere(self, obj: SimpleNamespace, index: int) -> siblings.OpenChunk | None:
+        return self._source.kept(obj.meta, index)
+
+    async def open_elsewhere(self, obj: SimpleNamespace, index: int) -> siblings.OpenChunk | None:
+        return await self._source.open(obj.meta, index)
+
+
 async def test_a_read_of_a_sibling_s_chunk_counts_once_wherever_its_bytes_came_from(
     tmp_path: Path,
 ) -> None:
@@ -780,31 +805,13 @@ async def test_a_read_of_a_sibling_s_chunk_counts_once_wherever_its_bytes_came_f
     its descriptor was kept but its pages were gone (read_now finds nothing and the read
     is served the slow way). Nothing is counted for bytes not read."""
 
-    class NotHere:  # this worker holds none of the sibling's chunks
-        chunk_size = 1000
-
-        def read_hot(self, *args: object, **kwargs: object) -> None:
-            return None
-
-        def has_chunk(self, *args: object) -> bool:
-            return False
-
     (tmp_path / "k").write_bytes(b"x" * 1000)
     obj = SimpleNamespace(meta=SimpleNamespace(bucket="b", key="k", etag='"e"'), alive=True)
     chunk = "k"  # its file's name
     source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 8)  # type: ignore[arg-type]
 
-    class Elsewhere:
-        def kept_elsewhere(self, obj: SimpleNamespace, index: int) -> siblings.OpenChunk | None:
-            return source.kept(obj.meta, index)  # type: ignore[arg-type]
-
-        async def open_elsewhere(
-            self, obj: SimpleNamespace, index: int
-        ) -> siblings.OpenChunk | None:
-            return await source.open(obj.meta, index)  # type: ignore[arg-type]
-
-    deliverer = Deliverer(NotHere(), Metrics(), 1)  # type: ignore[arg-type]
-    placement: Any = Elsewhere()
+    deliverer = Deliverer(_NotHere(), Metrics(), 1)  # type: ignore[arg-type]
+    placement: Any = _Elsewhere(source)
     try:
         assert deliverer.read_now(placement, obj, 0, 99) is None  # type: ignore[arg-type]
         assert await deliverer.bring_to_hand(placement, obj, 0, 99)  # type: ignore[arg-type]
@@ -832,32 +839,14 @@ async def test_a_read_of_several_chunks_counts_each_once_when_all_are_found(
         async def open(self, bucket: str, key: str, etag: str, index: int) -> fds.Handed:
             return await super().open(bucket, f"{key}.{index}", etag, index)
 
-    class NotHere:
-        chunk_size = 1000
-
-        def read_hot(self, *args: object) -> None:
-            return None
-
-        def has_chunk(self, *args: object) -> bool:
-            return False
-
     for index in range(2):
         (tmp_path / f"k.{index}").write_bytes(b"x" * 1000)
     meta = SimpleNamespace(bucket="b", key="k", etag='"e"')
     obj = SimpleNamespace(meta=meta, alive=True)
     source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), ByIndex(tmp_path), 8)  # type: ignore[arg-type]
 
-    class Elsewhere:
-        def kept_elsewhere(self, obj: SimpleNamespace, index: int) -> siblings.OpenChunk | None:
-            return source.kept(obj.meta, index)  # type: ignore[arg-type]
-
-        async def open_elsewhere(
-            self, obj: SimpleNamespace, index: int
-        ) -> siblings.OpenChunk | None:
-            return await source.open(obj.meta, index)  # type: ignore[arg-type]
-
-    deliverer = Deliverer(NotHere(), Metrics(), 1)  # type: ignore[arg-type]
-    placement: Any = Elsewhere()
+    deliverer = Deliverer(_NotHere(), Metrics(), 1)  # type: ignore[arg-type]
+    placement: Any = _Elsewhere(source)
     try:
         first = await source.open(meta, 0)  # type: ignore[arg-type]
         assert first is not None
