@@ -60,8 +60,11 @@ MAX_BATCH = MAX_REQUEST // 2
 READS_EVERY = 1.0
 # Reads of one chunk told at once, at most (a sibling telling more is refused).
 MAX_TIMES = 1 << 24
-# Chunks whose reads are encoded together (then halved until the item fits MAX_BATCH).
+# Chunks whose reads are taken and encoded together (then halved until the item fits
+# MAX_BATCH), the loop serving between two groups.
 _READS_GROUP = 256
+# Chunks whose told reads are counted together, the loop serving between two groups.
+_HEARD_GROUP = 64
 
 
 class News:
@@ -117,18 +120,19 @@ class News:
 
     async def tell_reads(self) -> None:
         """Tell each sibling how many times each of its chunks was read here since the
-        last time (:meth:`SiblingSource.take_reads`), a group of chunks at a time."""
+        last time (:meth:`SiblingSource.take_reads`), a group of chunks at a time with the
+        loop serving in between (tens of thousands of chunks a second, taken at once, held it
+        for milliseconds); chunks first read meanwhile wait for the next time."""
         for k, source in self._siblings.items():
-            reads = source.take_reads()
             box = self._outboxes.get(k)
-            if not reads or box is None:
-                continue
-            entries = [[name, times] for name, times in reads.items()]
-            for start in range(0, len(entries), _READS_GROUP):
-                for item, times in _reads_items(entries[start : start + _READS_GROUP]):
-                    if self._put(box, item):
-                        self._reads["told"].inc(times)
-                await asyncio.sleep(0)  # let the loop serve between groups
+            for _ in range(-(-source.reads_waiting // _READS_GROUP)):
+                reads = source.take_reads(_READS_GROUP)
+                if reads and box is not None:
+                    entries = [[name, times] for name, times in reads.items()]
+                    for item, times in _reads_items(entries):
+                        if self._put(box, item):
+                            self._reads["told"].inc(times)
+                await asyncio.sleep(0)
 
     async def _tell_reads_every(self) -> None:
         while True:
@@ -174,7 +178,7 @@ class News:
                 elif "answer" in item:
                     result = "heard" if self._answers(item["answer"]) else "refused"
                 elif "reads" in item:
-                    result = self._count_reads(item["reads"])
+                    result = await self._count_reads(item["reads"])
                 else:
                     result = self._remember(sibling, item)
             except (KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -191,9 +195,13 @@ class News:
         await self._cache.admit(meta, since=since)
         return "heard"
 
-    def _count_reads(self, entries: list[list[Any]]) -> str:
+    async def _count_reads(self, entries: list[list[Any]]) -> str:
+        """Count a sibling's reads of this worker's chunks, a few at a time with the loop
+        serving in between (a line of them held it for milliseconds)."""
         refused = False
-        for name, times in entries:
+        for n, (name, times) in enumerate(entries):
+            if n and n % _HEARD_GROUP == 0:
+                await asyncio.sleep(0)
             if not 0 < int(times) <= MAX_TIMES:
                 refused = True
                 continue

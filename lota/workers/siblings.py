@@ -80,6 +80,7 @@ class OpenChunk:
         "fd",
         "kept",
         "length",
+        "name",
         "path",
         "reads",
         "told",
@@ -101,6 +102,7 @@ class OpenChunk:
         self.fd = fd
         self.length = length
         self.path = path
+        self.name = os.path.basename(path)  # the sibling's name for it (take_reads)
         self.users = 0
         self.kept = True
         self.warm = warm  # see lota.cache.store.reader.Warm
@@ -233,17 +235,23 @@ class SiblingSource:
         self.remember(chunk, path, length)
         return opened
 
-    def take_reads(self) -> dict[str, int]:
-        """The reads of the sibling's chunks served here since the last call, by the name of
-        the chunk's file (for :mod:`lota.workers.news` to tell the sibling)."""
-        told = self._told[:]
-        self._told.clear()  # the same list: every chunk open here goes to it when read again
+    def take_reads(self, most: int = MAX_TOLD) -> dict[str, int]:
+        """The reads of the sibling's chunks served here since they were last taken, by the
+        name of the chunk's file (for :mod:`lota.workers.news` to tell the sibling): of the
+        first `most` chunks read since; the others wait for the next call
+        (:attr:`reads_waiting`)."""
+        told = self._told[:most]
+        del self._told[:most]  # the same list: every chunk open here goes to it when read again
         reads: dict[str, int] = {}
         for opened in told:
-            name = os.path.basename(opened.path)
-            reads[name] = reads.get(name, 0) + opened.reads
+            reads[opened.name] = reads.get(opened.name, 0) + opened.reads
             opened.reads = 0
         return reads
+
+    @property
+    def reads_waiting(self) -> int:
+        """Chunks read here whose reads :meth:`take_reads` has not taken yet."""
+        return len(self._told)
 
     def remember(self, chunk: ChunkId, path: str, length: int, *, written: bool = False) -> None:
         """The sibling holds `chunk` in file `path`, `length` bytes long (it handed the

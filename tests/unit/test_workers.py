@@ -727,6 +727,79 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
             await server.close()
 
 
+async def test_the_reads_of_many_chunks_are_told_and_heard_a_group_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second's reads of thousands of a sibling's chunks, taken, encoded and counted all
+    at once, held both workers' loops for milliseconds: they are taken and told, and
+    heard, a group at a time with the loop serving in between, each read told once."""
+    async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
+        told: Counter[str] = Counter()
+
+        def spy(name: str, times: int) -> bool:
+            told[name] += times
+            return True
+
+        monkeypatch.setattr(cache1, "told_reads", spy)
+        client = fds.FdClient(str(tmp_path / "w1.fds"))
+        source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 2)  # type: ignore[arg-type]
+        news0 = News(0, cache0, {1: source}, {1: client}, Metrics(), [str(tmp_path / "w0")])
+        news1 = News(1, cache1, {}, {}, Metrics(), [str(tmp_path / "w1")])
+
+        async def unopenable(*asked: object) -> None:
+            return None
+
+        server = fds.FdServer(
+            str(tmp_path / "w1.fds"), unopenable, asyncio.get_running_loop(), news1.hear
+        )
+        server.start()
+        turns = 0
+
+        async def turn() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                turning = group.create_task(turn())
+                files = [f"{i:032x}.0" for i in range(1000)]
+                opened = [siblings.OpenChunk(-1, 100, f"/c/{n}", None, source._told) for n in files]
+                for i, chunk in enumerate(opened):
+                    for _ in range(1 + i % 3):
+                        chunk.read()
+                assert source.reads_waiting == 1000
+                before = turns
+                await news0.tell_reads()
+                assert turns - before >= 1000 // 256  # the loop turned between two groups
+                assert source.reads_waiting == 0
+                expected = {name: 1 + i % 3 for i, name in enumerate(files)}
+                for _ in range(500):
+                    if told == expected:
+                        break
+                    await asyncio.sleep(0.01)
+                assert told == expected
+                told.clear()
+                before = turns
+                await news1.hear({"from": 0, "news": [{"reads": [[n, 1] for n in files[:200]]}]})
+                assert turns - before >= 200 // 64
+                assert told == dict.fromkeys(files[:200], 1)
+                opened[0].read()
+                opened[1].read()
+                opened[1].read()
+                assert source.take_reads(1) == {files[0]: 1}  # the first read, the rest wait
+                assert source.reads_waiting == 1
+                assert source.take_reads() == {files[1]: 2}
+                turning.cancel()
+        finally:
+            await news0.close()
+            await news1.close()
+            client.close()
+            source.close()
+            await server.close()
+
+
 async def test_handing_a_chunk_to_a_sibling_is_not_a_read_of_it(tmp_path: Path) -> None:
     """The owner hands a chunk's descriptor over without counting a hit (or, for a chunk
     it does not hold, a miss): the sibling tells of its reads itself, naming the chunk by
