@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -577,20 +577,3 @@ class _StoreCollector(Collector):
                 if values[key] >= 0:
                     family.add_metric([root], values[key])
             yield family
-
-
-class LifecycleObserver:
-    """The lifecycle engine's hooks, counted in Prometheus."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._m = metrics
-
-    def transitioned(self, decision: Any) -> None:
-        self._m.lifecycle_transitions.labels(decision.to_tier).inc()
-        self._m.lifecycle_transition_bytes.inc(decision.size)
-
-    def failed(self, decision: Any, error: Exception) -> None:
-        self._m.lifecycle_failures.inc()
-
-    def finished(self, report: Any, seconds: float) -> None:
-        self._m.lifecycle_runs.inc()

@@ -76,6 +76,7 @@ from lota.lifecycle.rules import (
     splits_directory,
 )
 from lota.lifecycle.state import LifecycleState
+from lota.metrics import Metrics
 from lota.tasks import TaskGroup
 
 log = logging.getLogger("lota.lifecycle")
@@ -170,6 +171,23 @@ class Observer(Protocol):
     def failed(self, decision: Decision, error: Exception) -> None: ...
 
     def finished(self, report: RunReport, seconds: float) -> None: ...
+
+
+class MetricsObserver:
+    """The hooks, counted in Prometheus."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def transitioned(self, decision: Decision) -> None:
+        self._m.lifecycle_transitions.labels(decision.to_tier).inc()
+        self._m.lifecycle_transition_bytes.inc(decision.size)
+
+    def failed(self, decision: Decision, error: Exception) -> None:
+        self._m.lifecycle_failures.inc()
+
+    def finished(self, report: RunReport, seconds: float) -> None:
+        self._m.lifecycle_runs.inc()
 
 
 @dataclass(slots=True)

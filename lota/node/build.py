@@ -28,12 +28,12 @@ from lota.clock import Clock
 from lota.config import Config
 from lota.connections import connection_limits
 from lota.lifecycle.access import AccessRecorder
-from lota.lifecycle.engine import Engine
+from lota.lifecycle.engine import Engine, MetricsObserver
 from lota.lifecycle.origin import OriginListing, OriginMover, OriginTags
 from lota.lifecycle.restore import Restores
 from lota.lifecycle.state import RULES_DOCUMENT, LifecycleState
 from lota.logs import AccessLog
-from lota.metrics import LifecycleObserver, Metrics
+from lota.metrics import Metrics
 from lota.node.admin import Admin
 from lota.node.at_once import AtOnce
 from lota.node.cache import build_cache
@@ -248,7 +248,7 @@ async def build_catalog(
             config.lifecycle,
             clock=clock,
             state=lifecycle,
-            observer=LifecycleObserver(metrics),
+            observer=MetricsObserver(metrics),
             tags=OriginTags(control),
         )
         if engines and config.lifecycle.interval > 0:
