@@ -33,6 +33,7 @@ from lota.lifecycle.rules import TIERS
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _CHILDREN = 512
+_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -410,6 +411,13 @@ class Metrics:
             "told it of, counted by its eviction and admission as hits (heard), or not, the "
             "object's version being no longer known here (unknown)",
             ["result"],
+            registry=r,
+        )
+        self.event_loop_lag_seconds = Histogram(
+            "lota_event_loop_lag_seconds",
+            "How late a worker's event loop ran a timer due every 20 ms: time it spent on "
+            "one step (no request is answered meanwhile) or off the CPU",
+            buckets=_LAG_BUCKETS,
             registry=r,
         )
         self.workers = Gauge(

@@ -149,6 +149,18 @@ def _total(node: LotaProcess, family: str, labels: str = "") -> float:
     return sum(float(value) for got, value in found if labels in got)
 
 
+def test_both_workers_say_how_late_their_event_loops_run(node: LotaProcess) -> None:
+    """lota_event_loop_lag_seconds (lota.node.lag): each worker looks every 20 ms, and
+    /_lota/metrics sums both."""
+    started = time.monotonic()
+    first = _metric(node, "lota_event_loop_lag_seconds_count")
+    time.sleep(0.5)
+    looked = _metric(node, "lota_event_loop_lag_seconds_count") - first
+    elapsed = time.monotonic() - started
+    assert _metric(node, "lota_workers") == 2
+    assert looked > elapsed / 0.02  # more than one worker alone could
+
+
 def test_a_worker_tells_the_others_what_it_learns_so_none_asks_again(
     node: LotaProcess, recorder: RecordingProxy, origin_s3: Any, bucket: str
 ) -> None:

@@ -3,10 +3,14 @@ read exactly as Prometheus' own updates would have left them."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from prometheus_client import Histogram
 
 from lota.metrics import LaterHistogram, Metrics
+from lota.node.lag import watch_lag
 
 # Bucket bounds and the values either side of them, zero and past the last bound.
 VALUES = [0.0, 0.0005, 0.00050001, 0.0007, 0.001, 0.3, 1.0, 59.9, 60.0, 61.0, 3600.0]
@@ -42,3 +46,21 @@ def test_histograms_observed_alike_must_share_their_buckets() -> None:
     other = Histogram("other_seconds", "", buckets=(1.0, 2.0), registry=None)
     with pytest.raises(ValueError, match="same buckets"):
         LaterHistogram(metrics.request_seconds.labels("GetObject"), other)
+
+
+async def test_a_loop_held_shows_as_lag() -> None:
+    """lota.node.lag: a step holding the loop for 60 ms makes the timer due every 20 ms
+    run at least 40 ms late once; each look is observed."""
+    lag = Metrics().event_loop_lag_seconds
+    async with asyncio.TaskGroup() as group:
+        watching = group.create_task(watch_lag(lag, every=0.02))
+        await asyncio.sleep(0.1)
+        time.sleep(0.06)  # a step that holds the loop
+        await asyncio.sleep(0.1)
+        watching.cancel()
+    samples = {s.name + str(s.labels): s.value for s in lag.collect()[0].samples}
+    looks = samples["lota_event_loop_lag_seconds_count{}"]
+    assert looks >= 5
+    late = looks - samples["lota_event_loop_lag_seconds_bucket{'le': '0.02'}"]
+    assert late >= 1
+    assert samples["lota_event_loop_lag_seconds_sum{}"] >= 0.04
