@@ -22,8 +22,10 @@ fifth. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx (each round's to
 CPU each spent per request, and the load generator's (the two cores are shared: what
 one server's answers cost the load generator to read is taken from that server); how busy
 the load generator was (its CPU time over the cell's wall time: near 100%, it bounds the
-cell, not the server), and what share of the two cores sat idle (over the cell, its
-untimed warm-up of up to 256 requests included).
+cell, not the server), what share of the two cores sat idle (over the cell, its
+untimed warm-up of up to 256 requests included), and what share of the times LOTA's
+workers looked found their event loops more than 5 ms late (``lota_event_loop_lag_seconds``:
+a step holding the loop, or the worker off the CPU; either delays the worker's requests).
 
     python -m bench.nginx                 # ~4 minutes
     python -m bench.nginx --requests 5000 --sets 1000
@@ -36,12 +38,15 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,16 +179,38 @@ def write_objects(root: Path, count: int) -> list[str]:
     return keys
 
 
+def loop_looks(node: LotaProcess) -> tuple[float, float]:
+    """How many times LOTA's workers looked at how late their loops run, and how many of
+    those found them more than 5 ms late (``lota_event_loop_lag_seconds``), so far."""
+    text = node.metrics()
+    looks = re.search(r"^lota_event_loop_lag_seconds_count (\S+)$", text, re.M)
+    prompt = re.search(r'^lota_event_loop_lag_seconds_bucket\{le="0.005"\} (\S+)$', text, re.M)
+    if looks is None or prompt is None:
+        raise RuntimeError("LOTA's metrics have no lota_event_loop_lag_seconds")
+    return float(looks.group(1)), float(looks.group(1)) - float(prompt.group(1))
+
+
 async def cell(
-    pool: ProcessPoolExecutor, urls: list[str], count: int, concurrency: int, pids: list[int]
+    pool: ProcessPoolExecutor,
+    urls: list[str],
+    count: int,
+    concurrency: int,
+    pids: list[int],
+    looks: Callable[[], tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
+    """`looks`: :func:`loop_looks` of the server measured, if it is LOTA."""
     warm = [get_request(u) for u in urls[: max(2 * concurrency, 256)]]
     timed = [get_request(urls[i % len(urls)]) for i in range(count)]
     cpu, machine = cpu_seconds(pids), machine_times()
+    looked = looks() if looks else None
     loop = asyncio.get_running_loop()
     out = await loop.run_in_executor(pool, run_cell, warm, timed, concurrency, 64 * KiB)
     used = cpu_seconds(pids) - cpu
     idle = idle_share(machine, machine_times())
+    late = None
+    if looks and looked:
+        now = looks()
+        late = (now[1] - looked[1]) / max(now[0] - looked[0], 1)
     n = len(out["samples"])
     return {
         "n": n,
@@ -193,6 +220,7 @@ async def cell(
         "client_cpu_us_per_req": out["client_cpu_s"] / max(n, 1) * 1e6,
         "client_busy": out["client_cpu_s"] / out["wall_s"],
         "idle": idle,
+        "loop_late": late,
         **percentiles(out["samples"]),
     }
 
@@ -218,20 +246,22 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         try:
             lota_urls = presigned_urls(node.url, BUCKET, keys)
             systems = {
-                "LOTA": (lota_urls, lota_pids(node)),
-                "nginx": ([u.replace(node.url, nginx.url) for u in lota_urls], nginx.pids()),
+                "LOTA": (lota_urls, lota_pids(node), partial(loop_looks, node)),
+                "nginx": ([u.replace(node.url, nginx.url) for u in lota_urls], nginx.pids(), None),
             }
             with ProcessPoolExecutor(1, mp_context=context) as pool:
-                for urls, pids in systems.values():  # the cold fill, untimed
+                for urls, pids, _ in systems.values():  # the cold fill, untimed
                     await cell(pool, urls, len(urls), 64, pids)
                 for size in args.sets:
-                    for urls, pids in systems.values():  # the hot set read, untimed
+                    for urls, pids, _ in systems.values():  # the hot set read, untimed
                         await cell(pool, urls[:size], size, 64, pids)
                     for concurrency in (16, 64):
                         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
                         for n in range(args.runs):  # alternated: both see the same phases
-                            for name, (urls, pids) in systems.items():
-                                c = await cell(pool, urls[:size], args.requests, concurrency, pids)
+                            for name, (urls, pids, looks) in systems.items():
+                                c = await cell(
+                                    pool, urls[:size], args.requests, concurrency, pids, looks
+                                )
                                 rounds[name].append(c)
                                 print(
                                     f"{name:>5} 64 KiB x{size} c={concurrency} round {n + 1}: "
@@ -273,13 +303,17 @@ _MEDIANS = (
     "client_cpu_us_per_req",
     "client_busy",
     "idle",
+    "loop_late",
 )
 
 
 def medians(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """One system's rounds of a cell: the median of each figure (the upper one of an even
     count), every round's req/s, and every error."""
-    row: dict[str, Any] = {key: sorted(c[key] for c in cells)[len(cells) // 2] for key in _MEDIANS}
+    row: dict[str, Any] = {
+        key: None if cells[0][key] is None else sorted(c[key] for c in cells)[len(cells) // 2]
+        for key in _MEDIANS
+    }
     row["rounds_req_per_s"] = [c["req_per_s"] for c in cells]
     row["n"] = sum(c["n"] for c in cells)
     row["errors"] = dict(sum((Counter(c["errors"]) for c in cells), Counter()))
@@ -312,6 +346,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                     f"{lota['client_cpu_us_per_req']:.0f} / {nginx['client_cpu_us_per_req']:.0f}",
                     f"{lota['client_busy']:.0%} / {nginx['client_busy']:.0%}",
                     f"{lota['idle']:.0%} / {nginx['idle']:.0%}",
+                    f"{lota['loop_late']:.1%}",
                 ]
             )
     catalog = " and a SQLite catalog" if args.catalog else ""
@@ -335,6 +370,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                 "load generator µs/req",
                 "load generator busy",
                 "cores idle",
+                "LOTA loop >5 ms late",
             ],
             rows,
         )
