@@ -40,6 +40,7 @@ from lota.node.cache import build_cache
 from lota.node.features import CacheFeature, CatalogFeature
 from lota.node.front import Front
 from lota.node.invalidation import Invalidation, catch_up, follow_events, resume_after
+from lota.node.lag import watch_lag
 from lota.node.node import Drain, Node
 from lota.passthrough import PassThrough
 from lota.regions.accelerate import Accelerator
@@ -102,6 +103,7 @@ async def build_node(
                 )
             )
         stack.push_async_callback(_stop_work, drain, catalog, fills, tasks)
+        tasks.start(watch_lag(metrics.event_loop_lag_seconds), "loop lag")
         admin = Admin(
             config, auth, metrics, drain, lifecycle, cache, catalog, node_metrics(siblings)
         )

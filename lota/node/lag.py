@@ -7,7 +7,8 @@ request's own work. A timer due every :data:`EVERY` seconds runs late by as much
 lateness is observed in ``lota_event_loop_lag_seconds``, the tail of every request's
 latency that no request caused. (A probe of this kind, in 2026-12, found each worker's
 loop held 4-20 ms dozens of times every five seconds by counting siblings' reads in
-one go: ``bench/HISTORY.md``.) Costs one timer per :data:`EVERY` per worker.
+one go: ``bench/HISTORY.md``.) Costs one timer per :data:`EVERY` per worker, run by the
+node's tasks (:func:`lota.node.build.build_node`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from lota.config import Config
 from lota.connections import ConnectionLimits
 from lota.errors import StartupError
 from lota.metrics import Metrics
-from lota.node.lag import watch_lag
 from lota.node.listener import (
     MAX_REQUEST_LINE,
     Answers,
@@ -38,7 +37,6 @@ from lota.node.listener import (
     ssl_context,
 )
 from lota.node.requests import next_request_id
-from lota.tasks import TaskGroup
 from lota.workers.spec import WorkerSpec
 
 log = logging.getLogger("lota.node")
@@ -120,7 +118,6 @@ class Node:
             max_line_size=MAX_REQUEST_LINE,
         )
         self._runner = web.ServerRunner(server, shutdown_timeout=FLUSH_GRACE, handle_signals=False)
-        self._tasks = TaskGroup("node")
 
     @property
     def inflight(self) -> int:
@@ -149,7 +146,6 @@ class Node:
                 "(is another process on that port? choose one with --listen or LOTA_LISTEN)"
             ) from exc
         url = _bound_url(site, self.config)
-        self._tasks.start(watch_lag(self.metrics.event_loop_lag_seconds), "lag")
         log.info("LOTA %s listening on %s (region %s)", _version(), url, self.config.region)
         if self.config.cache.dirs and not zerocopy.AVAILABLE:
             log.warning(
@@ -172,7 +168,6 @@ class Node:
         """Close the listener and every connection (responses still being written get
         :data:`FLUSH_GRACE` seconds)."""
         await self._runner.cleanup()
-        await self._tasks.close()
         log.info("stopped")
 
 

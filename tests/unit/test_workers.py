@@ -754,11 +754,13 @@ async def test_the_reads_of_many_chunks_are_told_and_heard_a_group_at_a_time(
         )
         server.start()
         turns = 0
+        waiting: set[int] = set()  # what was left to take each time the loop turned
 
         async def turn() -> None:
             nonlocal turns
             while True:
                 turns += 1
+                waiting.add(source.reads_waiting)
                 await asyncio.sleep(0)
 
         try:
@@ -773,6 +775,7 @@ async def test_the_reads_of_many_chunks_are_told_and_heard_a_group_at_a_time(
                 before = turns
                 await news0.tell_reads()
                 assert turns - before >= 1000 // 256  # the loop turned between two groups
+                assert {744, 488, 232} <= waiting  # each time with a group taken, not all
                 assert source.reads_waiting == 0
                 expected = {name: 1 + i % 3 for i, name in enumerate(files)}
                 for _ in range(500):
