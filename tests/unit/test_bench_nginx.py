@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bench.nginx import medians
+import pytest
+
+from bench import nginx
+from bench.nginx import LoopLooks, medians
 
 
 def _cell(
@@ -50,3 +53,32 @@ def test_of_two_rounds_the_row_takes_the_upper() -> None:
 def test_how_late_the_loops_ran_is_a_median_for_lota_and_none_for_nginx() -> None:
     assert medians([_cell(1, 1.0, {}, late) for late in (0.3, 0.01, 0.02)])["loop_late"] == 0.02
     assert medians([_cell(1, 1.0, {}) for _ in range(3)])["loop_late"] is None
+
+
+class _Scraped:
+    """A node whose metrics say, scrape after scrape, (looks, looks more than 5 ms late)."""
+
+    def __init__(self, *counts: tuple[int, int]) -> None:
+        self._counts = iter(counts)
+
+    def metrics(self) -> str:
+        looks, late = next(self._counts)
+        return (
+            f'lota_event_loop_lag_seconds_bucket{{le="0.002"}} {looks - late - 1}.0\n'
+            f'lota_event_loop_lag_seconds_bucket{{le="0.005"}} {looks - late}.0\n'
+            f"lota_event_loop_lag_seconds_count {looks}.0\n"
+        )
+
+
+def test_a_cells_late_looks_are_counted_but_for_those_its_first_scrape_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(nginx.time, "sleep", lambda seconds: None)
+    # Idle, each scrape made one late look but one (the median of five: 1).
+    looks = LoopLooks(
+        _Scraped((10, 0), (20, 1), (30, 2), (40, 2), (50, 3), (60, 4), (60, 4), (160, 9))
+    )  # type: ignore[arg-type]
+    looks.calibrate()
+    assert looks.per_scrape == 1
+    assert looks.late_share(looks(), looks()) == (9 - 4 - 1) / 100
+    assert looks.late_share((0, 5), (10, 5)) == 0  # fewer than a scrape makes: none
