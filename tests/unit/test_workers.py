@@ -34,6 +34,7 @@ from lota.cluster.ownership import chunk_key, object_key, worker_of
 from lota.cluster.peers import PeerError
 from lota.config import CacheConfig, Config
 from lota.metrics import Metrics
+from lota.node import build
 from lota.tasks import TaskGroup
 from lota.workers import fds, siblings
 from lota.workers.metrics import merge
@@ -71,6 +72,36 @@ def _worker(served: int, dir_name: str, healthy: int, members: int) -> bytes:
     Gauge("lota_cache_dir_healthy", "healthy", ["dir"], registry=r).labels(dir_name).set(healthy)
     Histogram("lota_request_seconds", "latency", buckets=(0.1, 1.0), registry=r).observe(0.5)
     return generate_latest(r)
+
+
+async def test_the_node_metrics_are_added_up_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parsing the siblings' metrics takes milliseconds a worker (hundreds for 64): the
+    scraped worker's loop serves meanwhile."""
+
+    class Siblings:
+        async def metrics(self) -> list[bytes]:
+            return [b"sibling"]
+
+    def merge(texts: list[bytes]) -> bytes:
+        time.sleep(0.2)
+        return b"+".join(texts)
+
+    monkeypatch.setattr(build, "merge", merge)
+    turns = 0
+
+    async def turn() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0.001)
+
+    async with asyncio.TaskGroup() as group:
+        turning = group.create_task(turn())
+        assert await build.node_metrics(Siblings())(b"own") == b"own+sibling"  # type: ignore[arg-type]
+        turning.cancel()
+    assert turns >= 20  # ~1 ms a turn for 200 ms, less what the thread takes of the GIL
 
 
 def test_the_node_metrics_are_its_workers_added_up_except_the_ones_each_knows_whole() -> None:
