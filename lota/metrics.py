@@ -407,7 +407,8 @@ class Metrics:
         self.worker_sibling_reads = Counter(
             "lota_worker_sibling_reads",
             "Reads of chunks another worker of this node owns, served here from its "
-            "descriptor and told to it (told); reads of this worker's chunks its siblings "
+            "descriptor and told to it (told), or not, more of its chunks read between two "
+            "news than are counted (untold); reads of this worker's chunks its siblings "
             "told it of, counted by its eviction and admission as hits (heard), or not, the "
             "object's version being no longer known here (unknown)",
             ["result"],

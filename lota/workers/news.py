@@ -93,7 +93,7 @@ class News:
         }
         self._reads = {
             result: metrics.worker_sibling_reads.labels(result)
-            for result in ("told", "heard", "unknown")
+            for result in ("told", "untold", "heard", "unknown")
         }
         self._tasks = TaskGroup("news")
         self._answers: Callable[[Mapping[str, Any]], bool] = lambda told: False
@@ -125,6 +125,7 @@ class News:
         for milliseconds); chunks first read meanwhile wait for the next time."""
         for k, source in self._siblings.items():
             box = self._outboxes.get(k)
+            self._reads["untold"].inc(source.take_untold())
             for _ in range(-(-source.reads_waiting // _READS_GROUP)):
                 reads = source.take_reads(_READS_GROUP)
                 if reads and box is not None:

@@ -71,6 +71,17 @@ class Known(NamedTuple):
         return self.warm if 0 <= time.monotonic() - self.at <= WARM_FOR else None
 
 
+class Told(list["OpenChunk"]):
+    """The chunks of one sibling read here since it was last told of their reads, in the
+    order first read; and how many reads went untold, the list being full."""
+
+    __slots__ = ("untold",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.untold = 0
+
+
 class OpenChunk:
     """A sibling's chunk file, open here: read it with ``os.pread``/``os.sendfile`` on `fd`,
     say so with :meth:`read` when it is for a client, then :meth:`close` (the descriptor is
@@ -95,7 +106,7 @@ class OpenChunk:
         length: int,
         path: str,
         warm: Warmth,
-        told: list[OpenChunk],
+        told: Told,
     ) -> None:
         """`told`: where it goes once read, for its reads to be told to the sibling
         (:meth:`SiblingSource.take_reads`)."""
@@ -119,6 +130,7 @@ class OpenChunk:
         """Bytes of it were read for a client (the sibling hears of it: its own hit)."""
         if self.reads == 0:
             if len(self.told) >= MAX_TOLD:
+                self.told.untold += 1
                 return
             self.told.append(self)
         self.reads += 1
@@ -160,7 +172,7 @@ class SiblingSource:
         self._opened_again = 0
         # The chunks read here since the sibling was last told of their reads (take_reads):
         # its eviction and admission count them as its own hits.
-        self._told: list[OpenChunk] = []
+        self._told = Told()
 
     @asynccontextmanager
     async def get(
@@ -247,6 +259,12 @@ class SiblingSource:
             reads[opened.name] = reads.get(opened.name, 0) + opened.reads
             opened.reads = 0
         return reads
+
+    def take_untold(self) -> int:
+        """Reads served here since the last call that go untold: more of the sibling's
+        chunks were read between two news than :data:`MAX_TOLD`."""
+        untold, self._told.untold = self._told.untold, 0
+        return untold
 
     @property
     def reads_waiting(self) -> int:

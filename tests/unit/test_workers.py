@@ -834,6 +834,36 @@ async def test_the_reads_of_many_chunks_are_told_and_heard_a_group_at_a_time(
             await server.close()
 
 
+async def test_reads_beyond_the_chunks_a_worker_keeps_count_of_are_counted_untold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More of a sibling's chunks read between two news than MAX_TOLD: the reads of the
+    others go untold, and are counted so (lota_worker_sibling_reads_total{result="untold"})."""
+    monkeypatch.setattr(siblings, "MAX_TOLD", 2)
+    async with _worker_store(tmp_path / "w0") as cache:
+        metrics = Metrics()
+        source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 2)  # type: ignore[arg-type]
+        news = News(0, cache, {1: source}, {}, metrics, [str(tmp_path / "w0")])
+        try:
+            opened = [
+                siblings.OpenChunk(-1, 100, f"/c/{i}.0", None, source._told) for i in range(4)
+            ]
+            for chunk in opened:
+                chunk.read()
+            opened[0].read()  # in the list already: counted
+            opened[3].read()
+            assert source.reads_waiting == 2
+            await news.tell_reads()
+            reads = "lota_worker_sibling_reads_total"
+            assert _counted(metrics, reads, result="untold") == 3
+            assert source.take_untold() == 0  # taken by the news
+            opened[2].read()  # room again
+            assert source.take_reads() == {"2.0": 1}
+        finally:
+            await news.close()
+            source.close()
+
+
 async def test_handing_a_chunk_to_a_sibling_is_not_a_read_of_it(tmp_path: Path) -> None:
     """The owner hands a chunk's descriptor over without counting a hit (or, for a chunk
     it does not hold, a miss): the sibling tells of its reads itself, naming the chunk by
