@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -674,23 +674,25 @@ async def test_a_worker_hears_what_its_siblings_learn_unless_it_knows_better(
             await server.close()
 
 
-async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker counts the reads of a sibling's chunks it serves, from a descriptor handed
-    over, kept or opened again from its path, and tells the sibling, which counts them as
-    its own hits (CacheStore.told_reads). Opening a chunk is not a read: asking whether the
-    sibling holds it, or bringing it to hand for a read counted later. Reads told wrong are
-    refused."""
+@asynccontextmanager
+async def _telling(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    known: Callable[[str], bool] = lambda name: True,
+) -> AsyncIterator[SimpleNamespace]:
+    """Two workers' news over a real descriptor socket: worker 0 serves worker 1's chunks
+    (`source`, handed over by `handing`) and tells it of their reads (`news0`); worker 1
+    hears them (`news1`), its store's told_reads spied on (`told`, by chunk file name;
+    `known(name)`: what it answers)."""
     async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
-        metrics0, metrics1 = Metrics(), Metrics()
         told: Counter[str] = Counter()
 
         def spy(name: str, times: int) -> bool:
             told[name] += times
-            return name != "k2"  # as if its object were no longer there
+            return known(name)
 
         monkeypatch.setattr(cache1, "told_reads", spy)
+        metrics0, metrics1 = Metrics(), Metrics()
         client = fds.FdClient(str(tmp_path / "w1.fds"))
         handing = _Handing(tmp_path)
         source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), handing, 2)  # type: ignore[arg-type]
@@ -705,51 +707,15 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
         )
         server.start()
         try:
-            metas = [_meta(f"k{i}", 1000.0) for i in range(3)]
-            for meta in metas:
-                (tmp_path / meta.key).write_bytes(b"x" * 100)
-
-            async def read(meta: ObjectMeta, *, for_a_client: bool = True) -> None:
-                opened = await source.open(meta, 0)
-                assert opened is not None
-                if for_a_client:
-                    opened.read()
-                opened.close()
-
-            await read(metas[0])  # handed over
-            for _ in range(3):
-                await read(metas[0])  # kept
-            await read(metas[1], for_a_client=False)  # handed over, to see whether it is held
-            await read(metas[1])  # kept
-            await read(metas[2])  # handed over: k0's descriptor is closed (2 kept)
-            await read(metas[0])  # opened again from its path
-            await read(metas[2], for_a_client=False)  # brought to hand: read later, or not
-            assert handing.asked == ["k0", "k1", "k2"]
-            await news0.tell_reads()
-            assert source.take_reads() == {}
-            await read(metas[1])
-            assert source.take_reads() == {"k1": 1}  # counted again since
-            for _ in range(200):
-                if _counted(metrics1, "lota_worker_news_total", result="heard"):
-                    break
-                await asyncio.sleep(0.01)
-            assert told == {
-                "k0": 5,
-                "k1": 1,
-                "k2": 1,
-            }
-            for wrong in (
-                ["k0", 0],
-                ["k0"],
-                ["k0", 1 << 30],
-                ["k0", float("inf")],  # JSON's Infinity
-            ):
-                await news1.hear({"from": 0, "news": [{"reads": [wrong]}]})
-            assert _counted(metrics1, "lota_worker_news_total", result="refused") == 4
-            reads = "lota_worker_sibling_reads_total"
-            assert _counted(metrics0, reads, result="told") == 7
-            assert _counted(metrics1, reads, result="heard") == 6
-            assert _counted(metrics1, reads, result="unknown") == 1
+            yield SimpleNamespace(
+                source=source,
+                handing=handing,
+                news0=news0,
+                news1=news1,
+                told=told,
+                metrics0=metrics0,
+                metrics1=metrics1,
+            )
         finally:
             await news0.close()
             await news1.close()
@@ -758,32 +724,79 @@ async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
             await server.close()
 
 
+async def test_a_worker_tells_each_sibling_how_often_it_read_its_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker counts the reads of a sibling's chunks it serves, from a descriptor handed
+    over, kept or opened again from its path, and tells the sibling, which counts them as
+    its own hits (CacheStore.told_reads). Opening a chunk is not a read: asking whether the
+    sibling holds it, or bringing it to hand for a read counted later. Reads told wrong are
+    refused."""
+    # As if k2's object were no longer there.
+    async with _telling(tmp_path, monkeypatch, lambda name: name != "k2") as pair:
+        source, handing, news0, news1, told = (
+            pair.source,
+            pair.handing,
+            pair.news0,
+            pair.news1,
+            pair.told,
+        )
+        metrics0, metrics1 = pair.metrics0, pair.metrics1
+        metas = [_meta(f"k{i}", 1000.0) for i in range(3)]
+        for meta in metas:
+            (tmp_path / meta.key).write_bytes(b"x" * 100)
+
+        async def read(meta: ObjectMeta, *, for_a_client: bool = True) -> None:
+            opened = await source.open(meta, 0)
+            assert opened is not None
+            if for_a_client:
+                opened.read()
+            opened.close()
+
+        await read(metas[0])  # handed over
+        for _ in range(3):
+            await read(metas[0])  # kept
+        await read(metas[1], for_a_client=False)  # handed over, to see whether it is held
+        await read(metas[1])  # kept
+        await read(metas[2])  # handed over: k0's descriptor is closed (2 kept)
+        await read(metas[0])  # opened again from its path
+        await read(metas[2], for_a_client=False)  # brought to hand: read later, or not
+        assert handing.asked == ["k0", "k1", "k2"]
+        await news0.tell_reads()
+        assert source.take_reads() == {}
+        await read(metas[1])
+        assert source.take_reads() == {"k1": 1}  # counted again since
+        for _ in range(200):
+            if _counted(metrics1, "lota_worker_news_total", result="heard"):
+                break
+            await asyncio.sleep(0.01)
+        assert told == {
+            "k0": 5,
+            "k1": 1,
+            "k2": 1,
+        }
+        for wrong in (
+            ["k0", 0],
+            ["k0"],
+            ["k0", 1 << 30],
+            ["k0", float("inf")],  # JSON's Infinity
+        ):
+            await news1.hear({"from": 0, "news": [{"reads": [wrong]}]})
+        assert _counted(metrics1, "lota_worker_news_total", result="refused") == 4
+        reads = "lota_worker_sibling_reads_total"
+        assert _counted(metrics0, reads, result="told") == 7
+        assert _counted(metrics1, reads, result="heard") == 6
+        assert _counted(metrics1, reads, result="unknown") == 1
+
+
 async def test_the_reads_of_many_chunks_are_told_and_heard_a_group_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A second's reads of thousands of a sibling's chunks, taken, encoded and counted all
     at once, held both workers' loops for milliseconds: they are taken and told, and
     heard, a group at a time with the loop serving in between, each read told once."""
-    async with _worker_store(tmp_path / "w0") as cache0, _worker_store(tmp_path / "w1") as cache1:
-        told: Counter[str] = Counter()
-
-        def spy(name: str, times: int) -> bool:
-            told[name] += times
-            return True
-
-        monkeypatch.setattr(cache1, "told_reads", spy)
-        client = fds.FdClient(str(tmp_path / "w1.fds"))
-        source = siblings.SiblingSource(1, SimpleNamespace(name="worker-1"), _Handing(tmp_path), 2)  # type: ignore[arg-type]
-        news0 = News(0, cache0, {1: source}, {1: client}, Metrics(), [str(tmp_path / "w0")])
-        news1 = News(1, cache1, {}, {}, Metrics(), [str(tmp_path / "w1")])
-
-        async def unopenable(*asked: object) -> None:
-            return None
-
-        server = fds.FdServer(
-            str(tmp_path / "w1.fds"), unopenable, asyncio.get_running_loop(), news1.hear
-        )
-        server.start()
+    async with _telling(tmp_path, monkeypatch) as pair:
+        source, news0, news1, told = pair.source, pair.news0, pair.news1, pair.told
         turns = 0
         waiting: set[int] = set()  # what was left to take each time the loop turned
 
@@ -794,44 +807,37 @@ async def test_the_reads_of_many_chunks_are_told_and_heard_a_group_at_a_time(
                 waiting.add(source.reads_waiting)
                 await asyncio.sleep(0)
 
-        try:
-            async with asyncio.TaskGroup() as group:
-                turning = group.create_task(turn())
-                files = [f"{i:032x}.0" for i in range(1000)]
-                opened = [siblings.OpenChunk(-1, 100, f"/c/{n}", None, source._told) for n in files]
-                for i, chunk in enumerate(opened):
-                    for _ in range(1 + i % 3):
-                        chunk.read()
-                assert source.reads_waiting == 1000
-                before = turns
-                await news0.tell_reads()
-                assert turns - before >= 1000 // 256  # the loop turned between two groups
-                assert {744, 488, 232} <= waiting  # each time with a group taken, not all
-                assert source.reads_waiting == 0
-                expected = {name: 1 + i % 3 for i, name in enumerate(files)}
-                for _ in range(500):
-                    if told == expected:
-                        break
-                    await asyncio.sleep(0.01)
-                assert told == expected
-                told.clear()
-                before = turns
-                await news1.hear({"from": 0, "news": [{"reads": [[n, 1] for n in files[:200]]}]})
-                assert turns - before >= 200 // 64
-                assert told == dict.fromkeys(files[:200], 1)
-                opened[0].read()
-                opened[1].read()
-                opened[1].read()
-                assert source.take_reads(1) == {files[0]: 1}  # the first read, the rest wait
-                assert source.reads_waiting == 1
-                assert source.take_reads() == {files[1]: 2}
-                turning.cancel()
-        finally:
-            await news0.close()
-            await news1.close()
-            client.close()
-            source.close()
-            await server.close()
+        async with asyncio.TaskGroup() as group:
+            turning = group.create_task(turn())
+            files = [f"{i:032x}.0" for i in range(1000)]
+            opened = [siblings.OpenChunk(-1, 100, f"/c/{n}", None, source._told) for n in files]
+            for i, chunk in enumerate(opened):
+                for _ in range(1 + i % 3):
+                    chunk.read()
+            assert source.reads_waiting == 1000
+            before = turns
+            await news0.tell_reads()
+            assert turns - before >= 1000 // 256  # the loop turned between two groups
+            assert {744, 488, 232} <= waiting  # each time with a group taken, not all
+            assert source.reads_waiting == 0
+            expected = {name: 1 + i % 3 for i, name in enumerate(files)}
+            for _ in range(500):
+                if told == expected:
+                    break
+                await asyncio.sleep(0.01)
+            assert told == expected
+            told.clear()
+            before = turns
+            await news1.hear({"from": 0, "news": [{"reads": [[n, 1] for n in files[:200]]}]})
+            assert turns - before >= 200 // 64
+            assert told == dict.fromkeys(files[:200], 1)
+            opened[0].read()
+            opened[1].read()
+            opened[1].read()
+            assert source.take_reads(1) == {files[0]: 1}  # the first read, the rest wait
+            assert source.reads_waiting == 1
+            assert source.take_reads() == {files[1]: 2}
+            turning.cancel()
 
 
 async def test_reads_beyond_the_chunks_a_worker_keeps_count_of_are_counted_untold(
