@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from lota.node.serve import collect_less, serve
+    from lota.node.serve import collect_less, schedule, serve
     from lota.workers.spec import WorkerSpec
     from lota.workers.supervisor import Supervisor
 
@@ -145,6 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
     if spec is not None:  # a worker its supervisor started: its settings come from it
         spec.stop_with_supervisor()
         config = spec.configure(configuration.load(spec.config_path, overrides=spec.overrides))
+        schedule(config.scheduling)
         _run(serve(config, worker=spec))
         return 0
 
@@ -154,6 +155,7 @@ def _serve(args: argparse.Namespace) -> int:
                 overrides.update(await _embedded_origin(stack, args, path, overrides))
             config = configuration.load(path, overrides=overrides)
             config.require_serving()
+            schedule(config.scheduling)  # workers inherit it, and set it again themselves
             announce = functools.partial(_announce, config=config, args=args)
             if config.worker_count > 1:
                 given = {k: v for k, v in overrides.items() if v is not None}

@@ -207,6 +207,10 @@ class Config:
     # Worker processes serving the listen address over one cache (0: one per CPU this
     # process may use; 1: this process serves alone).
     workers: int = 0
+    # Linux scheduling policy of the serving processes: "batch" (SCHED_BATCH: a worker a
+    # request wakes takes its turn on a busy core instead of preempting the task running
+    # there) or "normal" (the policy it was started with). See lota.node.serve.schedule.
+    scheduling: Literal["batch", "normal"] = "batch"
     regions: Mapping[str, RegionConfig] = field(default_factory=dict)
     default_region: str = ""
     bucket_regions: Mapping[str, str] = field(default_factory=dict)
@@ -240,6 +244,8 @@ class Config:
             raise ConfigError("max_connections must be a whole number, 0 for automatic")
         if not 0 <= self.workers <= 256:
             raise ConfigError("workers must be from 0 (one per CPU) to 256")
+        if self.scheduling not in ("batch", "normal"):
+            raise ConfigError('scheduling must be "batch" or "normal"')
         if not self.node:
             object.__setattr__(self, "node", socket.gethostname())
         if not self.default_region:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import logging
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import replace
 
 from lota.config import Config
 from lota.workers.spec import WorkerSpec
+
+log = logging.getLogger(__name__)
 
 # The cycle collector's thresholds in a serving process (Python's are 700, 10, 10).
 GC_THRESHOLDS = (50_000, 20, 10)
@@ -25,6 +30,34 @@ def collect_less() -> None:
     whatever else does (errors, closed connections) is still collected, after 50,000
     allocations, not 700."""
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def schedule(policy: str) -> None:
+    """With `policy` "batch" (``Config.scheduling``), put every thread of this process, and
+    so every thread it starts later, under ``SCHED_BATCH``, unless the process was started
+    under a policy other than the default (``chrt``: the operator's choice stands). With
+    "normal", leave the policy as it is. A warning, not a failure, where the system has no
+    such policy or refuses it.
+
+    Under ``SCHED_BATCH`` a thread woken by a request does not preempt the task running on
+    its core: it takes its turn. When the cores are all busy (the node's jobs, the clients
+    themselves), a worker woken for each request preempts a client that has more to send,
+    for that one request; waiting its turn, it finds more requests ready and answers them
+    in one go. Measured with ``bench.nginx``'s cells (two workers and the load generator on
+    two cores, 64 KiB hits): more hits per second at 1,000 objects, fewer context switches,
+    a lower p99 (``bench/HISTORY.md``). The price: with every core busy, a request to an
+    idle worker waits out a slice of a running task (milliseconds) instead of running at
+    once; "normal" is for a node whose clients care more for that than for throughput."""
+    if policy != "batch":
+        return
+    try:
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            return
+        for thread in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended since
+                os.sched_setscheduler(int(thread), os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError) as exc:  # not Linux; or refused (a seccomp filter)
+        log.warning("scheduling = %s not applied: %s", policy, exc)
 
 
 async def serve(

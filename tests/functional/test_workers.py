@@ -3,6 +3,7 @@ clients on many connections (the kernel spreads them over the workers)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
@@ -410,6 +411,43 @@ def test_32_cold_readers_across_workers_make_one_origin_request_per_chunk(
     gets = recorder.requests("GET", f"/{bucket}/ckpt")
     assert len(gets) == 9  # one per chunk, whichever worker owns it
     assert recorder.bytes_sent(f"/{bucket}/ckpt") == len(data)
+
+
+def _policies(pid: int) -> set[int]:
+    """The scheduling policies of the threads of process `pid`."""
+    found = set()
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            found.add(os.sched_getscheduler(int(thread)))
+    return found
+
+
+def test_every_thread_of_every_worker_runs_as_batch_work_by_default(
+    node: LotaProcess, origin_s3: Any, bucket: str
+) -> None:
+    """scheduling = "batch" (lota.node.serve.schedule): a worker a request wakes takes its
+    turn on a busy core; threads started after (the store's readers) included."""
+    origin_s3.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
+    assert _read(presigned_get(node.url, bucket, "k"))[1] == "MISS"
+    workers = _workers(node)
+    assert len(workers) == 2
+    for pid in workers:
+        assert len(os.listdir(f"/proc/{pid}/task")) > 1
+        assert _policies(pid) == {os.SCHED_BATCH}
+
+
+def test_scheduling_normal_leaves_the_workers_as_they_were_started(
+    recorder: RecordingProxy, credentials_file: Path, tmp_path: Path
+) -> None:
+    env = {"LOTA_SCHEDULING": "normal"}
+    started = _two_workers(recorder, credentials_file, tmp_path, env).start()
+    try:
+        workers = _workers(started)
+        assert len(workers) == 2
+        for pid in workers:
+            assert _policies(pid) == {os.SCHED_OTHER}
+    finally:
+        started.stop()
 
 
 def test_a_worker_killed_mid_stream_fails_only_its_connections_and_comes_back(

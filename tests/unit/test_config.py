@@ -23,6 +23,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "domain": ("s3.example", lambda c: c.domain == "s3.example"),
     "node": ("gpu-17", lambda c: c.node == "gpu-17"),
     "workers": ("4", lambda c: c.workers == 4 and c.worker_count == 4),
+    "scheduling": ("normal", lambda c: c.scheduling == "normal"),
     "drain_timeout": ("2m", lambda c: c.drain_timeout == 120.0),
     "body_timeout": ("90", lambda c: c.body_timeout == 90.0),
     "header_timeout": ("3s", lambda c: c.header_timeout == 3.0),
@@ -192,6 +193,7 @@ def test_variables_win_over_the_file_and_flags_over_variables(tmp_path: Path) ->
         ("LOTA_CACHE_DIRS", "/a:/b", "cache.dirs: '/a:/b' has a ':'"),
         ("LOTA_BUCKETS", "ckpt", "LOTA_BUCKETS must be KEY=VALUE pairs"),
         ("LOTA_LIFECYCLE_RULES", "[{", "LOTA_LIFECYCLE_RULES must be JSON"),
+        ("LOTA_SCHEDULING", "fifo", 'scheduling must be "batch" or "normal"'),
     ],
 )
 def test_a_bad_value_in_a_variable_is_refused_naming_it(

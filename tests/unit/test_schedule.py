@@ -1,0 +1,66 @@
+"""lota.node.serve.schedule: the serving process's threads under SCHED_BATCH, or as they
+were. Each case runs in a process of its own: a policy set is the process's for good."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lota.node import serve
+
+# Starts a thread, applies the policy given, then starts another; prints the policies of
+# the main thread, the thread started before and the one started after.
+PROBE = """
+import os, sys, threading
+from lota.node.serve import schedule
+ready, done = threading.Event(), threading.Event()
+before = threading.Thread(target=lambda: (ready.set(), done.wait()))
+before.start(); ready.wait()
+schedule(sys.argv[1])
+after = []
+later = threading.Thread(target=lambda: after.append(os.sched_getscheduler(0)))
+later.start(); later.join()
+print(os.sched_getscheduler(0), os.sched_getscheduler(before.native_id), after[0])
+done.set()
+"""
+
+
+def _policies(policy: str, *launcher: str) -> list[int]:
+    done = subprocess.run(
+        [*launcher, sys.executable, "-c", PROBE, policy],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return [int(word) for word in done.stdout.split()]
+
+
+def test_batch_puts_every_thread_under_sched_batch_those_started_later_too() -> None:
+    assert _policies("batch") == [os.SCHED_BATCH] * 3
+
+
+def test_normal_leaves_the_policy_alone() -> None:
+    assert _policies("normal") == [os.SCHED_OTHER] * 3
+    assert _policies("normal", "chrt", "--batch", "0") == [os.SCHED_BATCH] * 3
+
+
+def test_a_policy_the_operator_chose_stands() -> None:
+    assert _policies("batch", "chrt", "--idle", "0") == [os.SCHED_IDLE] * 3
+
+
+def test_a_system_that_refuses_it_gets_a_warning_not_a_failure(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*_: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_getscheduler", lambda _: os.SCHED_OTHER)
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    with caplog.at_level(logging.WARNING, logger="lota.node.serve"):
+        serve.schedule("batch")
+    assert "scheduling = batch not applied: [Errno 1] Operation not permitted" in caplog.text
