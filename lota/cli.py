@@ -155,13 +155,13 @@ def _serve(args: argparse.Namespace) -> int:
                 overrides.update(await _embedded_origin(stack, args, path, overrides))
             config = configuration.load(path, overrides=overrides)
             config.require_serving()
-            schedule(config.scheduling)  # workers inherit it, and set it again themselves
             announce = functools.partial(_announce, config=config, args=args)
             if config.worker_count > 1:
                 given = {k: v for k, v in overrides.items() if v is not None}
                 workers = Supervisor(config, config.worker_count, path, given)
                 await workers.run(on_ready=announce)
-            else:
+            else:  # the origin above (moto) started first: it keeps the policy it had
+                schedule(config.scheduling)
                 await serve(config, on_ready=announce)
 
     _run(run())

@@ -33,31 +33,43 @@ def collect_less() -> None:
 
 
 def schedule(policy: str) -> None:
-    """With `policy` "batch" (``Config.scheduling``), put every thread of this process, and
-    so every thread it starts later, under ``SCHED_BATCH``, unless the process was started
-    under a policy other than the default (``chrt``: the operator's choice stands). With
-    "normal", leave the policy as it is. A warning, not a failure, where the system has no
-    such policy or refuses it.
+    """With `policy` "batch" (``Config.scheduling``), put every thread of this serving
+    process, and so every thread it starts later, under ``SCHED_BATCH``, unless it was
+    started under a policy other than the default (``chrt``: the operator's choice
+    stands). With "normal", leave the policy as it was started. A warning, not a failure,
+    where the system refuses it (a seccomp filter). Each serving process (a worker, or a
+    node serving alone) decides for itself; a supervisor of workers serves nothing and
+    keeps its own, which its workers start with.
 
     Under ``SCHED_BATCH`` a thread woken by a request does not preempt the task running on
     its core: it takes its turn. When the cores are all busy (the node's jobs, the clients
     themselves), a worker woken for each request preempts a client that has more to send,
     for that one request; waiting its turn, it finds more requests ready and answers them
     in one go. Measured with ``bench.nginx``'s cells (two workers and the load generator on
-    two cores, 64 KiB hits): more hits per second at 1,000 objects, fewer context switches,
-    a lower p99 (``bench/HISTORY.md``). The price: with every core busy, a request to an
-    idle worker waits out a slice of a running task (milliseconds) instead of running at
-    once; "normal" is for a node whose clients care more for that than for throughput."""
+    two cores, 64 KiB hits): more hits per second and a sixth of the context switches
+    (``bench/HISTORY.md``). The price: with every core busy, a request to an idle worker
+    waits for a running task's turn to end instead of running at once; "normal" is for a
+    node whose clients care more for that than for throughput."""
     if policy != "batch":
         return
     try:
-        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        started = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+        if started != os.SCHED_OTHER:
+            log.info("scheduling = batch: %s, as started, stands", _policy_name(started))
             return
         for thread in os.listdir("/proc/self/task"):
             with contextlib.suppress(ProcessLookupError):  # a thread that ended since
                 os.sched_setscheduler(int(thread), os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError) as exc:  # not Linux; or refused (a seccomp filter)
+        log.debug("scheduling = batch: SCHED_BATCH applied")
+    except AttributeError:  # not Linux: no such policy
+        log.debug("scheduling = %s: no such policy here", policy)
+    except OSError as exc:  # refused
         log.warning("scheduling = %s not applied: %s", policy, exc)
+
+
+def _policy_name(policy: int) -> str:
+    names = ("SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR", "SCHED_DEADLINE")
+    return next((n for n in names if getattr(os, n, None) == policy), f"policy {policy}")
 
 
 async def serve(

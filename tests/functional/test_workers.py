@@ -422,23 +422,47 @@ def _policies(pid: int) -> set[int]:
     return found
 
 
-def test_every_thread_of_every_worker_runs_as_batch_work_by_default(
-    node: LotaProcess, origin_s3: Any, bucket: str
+def _started_under_default_policy() -> None:
+    """What these tests take for granted: pytest runs under the default policy, which the
+    nodes it starts begin with (CI's does)."""
+    started = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+    assert started == os.SCHED_OTHER, "run these tests under the default policy (SCHED_OTHER)"
+
+
+@pytest.mark.parametrize("workers", [2, 1])
+def test_every_thread_of_every_serving_process_runs_as_batch_work_by_default(
+    recorder: RecordingProxy,
+    credentials_file: Path,
+    tmp_path: Path,
+    origin_s3: Any,
+    bucket: str,
+    workers: int,
 ) -> None:
     """scheduling = "batch" (lota.node.serve.schedule): a worker a request wakes takes its
-    turn on a busy core; threads started after (the store's readers) included."""
-    origin_s3.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
-    assert _read(presigned_get(node.url, bucket, "k"))[1] == "MISS"
-    workers = _workers(node)
-    assert len(workers) == 2
-    for pid in workers:
-        assert len(os.listdir(f"/proc/{pid}/task")) > 1
-        assert _policies(pid) == {os.SCHED_BATCH}
+    turn on a busy core; threads started after (the store's readers) included. A
+    supervisor serves nothing and keeps the policy it started with."""
+    _started_under_default_policy()
+    env = {"LOTA_WORKERS": str(workers), "LOTA_SCHEDULING": ""}  # "": the default
+    started = _two_workers(recorder, credentials_file, tmp_path, env).start()
+    try:
+        origin_s3.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
+        assert _read(presigned_get(started.url, bucket, "k"))[1] == "MISS"
+        assert started.proc is not None
+        serving = _workers(started) if workers > 1 else [started.proc.pid]
+        assert len(serving) == workers
+        for pid in serving:
+            assert len(os.listdir(f"/proc/{pid}/task")) > 1
+            assert _policies(pid) == {os.SCHED_BATCH}
+        if workers > 1:
+            assert _policies(started.proc.pid) == {os.SCHED_OTHER}
+    finally:
+        started.stop()
 
 
 def test_scheduling_normal_leaves_the_workers_as_they_were_started(
     recorder: RecordingProxy, credentials_file: Path, tmp_path: Path
 ) -> None:
+    _started_under_default_policy()
     env = {"LOTA_SCHEDULING": "normal"}
     started = _two_workers(recorder, credentials_file, tmp_path, env).start()
     try:

@@ -183,6 +183,11 @@ def test_variables_win_over_the_file_and_flags_over_variables(tmp_path: Path) ->
     assert (config.cache.readahead, config.cache.size) == (6, 3 * 1024**3)
 
 
+def test_the_serving_processes_run_as_batch_work_by_default() -> None:
+    assert load(environ=ORIGIN).scheduling == "batch"
+    assert load(environ={**ORIGIN, "LOTA_SCHEDULING": ""}).scheduling == "batch"
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [

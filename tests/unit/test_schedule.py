@@ -1,5 +1,6 @@
 """lota.node.serve.schedule: the serving process's threads under SCHED_BATCH, or as they
-were. Each case runs in a process of its own: a policy set is the process's for good."""
+were started. Each case runs in a process of its own, started under the policy the case
+gives (whatever the test runner's own): a policy set is the process's for good."""
 
 from __future__ import annotations
 
@@ -27,30 +28,37 @@ later.start(); later.join()
 print(os.sched_getscheduler(0), os.sched_getscheduler(before.native_id), after[0])
 done.set()
 """
+RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
 
 
-def _policies(policy: str, *launcher: str) -> list[int]:
+def _policies(policy: str, started: int = os.SCHED_OTHER) -> list[int]:
+    """The probe's three policies (reset-on-fork flag dropped), started under `started`."""
     done = subprocess.run(
-        [*launcher, sys.executable, "-c", PROBE, policy],
+        [sys.executable, "-c", PROBE, policy],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
+        preexec_fn=lambda: os.sched_setscheduler(0, started, os.sched_param(0)),
     )
-    return [int(word) for word in done.stdout.split()]
+    return [int(word) & ~RESET_ON_FORK for word in done.stdout.split()]
 
 
 def test_batch_puts_every_thread_under_sched_batch_those_started_later_too() -> None:
     assert _policies("batch") == [os.SCHED_BATCH] * 3
 
 
-def test_normal_leaves_the_policy_alone() -> None:
+def test_batch_is_applied_to_a_default_policy_that_resets_on_fork() -> None:
+    assert _policies("batch", os.SCHED_OTHER | RESET_ON_FORK) == [os.SCHED_BATCH] * 3
+
+
+def test_normal_leaves_the_policy_as_started() -> None:
     assert _policies("normal") == [os.SCHED_OTHER] * 3
-    assert _policies("normal", "chrt", "--batch", "0") == [os.SCHED_BATCH] * 3
+    assert _policies("normal", os.SCHED_BATCH) == [os.SCHED_BATCH] * 3
 
 
 def test_a_policy_the_operator_chose_stands() -> None:
-    assert _policies("batch", "chrt", "--idle", "0") == [os.SCHED_IDLE] * 3
+    assert _policies("batch", os.SCHED_IDLE) == [os.SCHED_IDLE] * 3
 
 
 def test_a_system_that_refuses_it_gets_a_warning_not_a_failure(
@@ -64,3 +72,9 @@ def test_a_system_that_refuses_it_gets_a_warning_not_a_failure(
     with caplog.at_level(logging.WARNING, logger="lota.node.serve"):
         serve.schedule("batch")
     assert "scheduling = batch not applied: [Errno 1] Operation not permitted" in caplog.text
+
+
+def test_a_system_without_the_policy_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "SCHED_BATCH")
+    monkeypatch.setattr(os, "sched_getscheduler", lambda _: os.SCHED_OTHER)
+    serve.schedule("batch")  # no AttributeError
