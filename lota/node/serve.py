@@ -103,3 +103,5 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if worker is not None:
+            worker.leave()

@@ -7,6 +7,7 @@ start (:meth:`WorkerSpec.from_environment`). No variable: the process is a node 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -56,6 +57,18 @@ class WorkerSpec:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
         if self.supervisor and os.getppid() != self.supervisor:  # it died before that
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def leave(self) -> None:
+        """Remove this worker's HTTP socket file (its descriptor socket's server removes its
+        own), and the run directory with the last worker to leave if the supervisor, which
+        removes it on a stop of its own, is gone (killed): nothing is left behind in the
+        temporary directory. A worker that restarts under a living supervisor never
+        removes the directory its restarted siblings bind in."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.http_socket(self.index))
+        if os.getppid() != self.supervisor:
+            with contextlib.suppress(OSError):  # a sibling's sockets still there: its job
+                os.rmdir(self.run_dir)
 
     def http_socket(self, index: int) -> str:
         """Worker `index`'s Unix socket for HTTP (peer calls, metrics)."""

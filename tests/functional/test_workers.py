@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import re
 import signal
@@ -361,11 +362,23 @@ def test_workers_stop_when_their_supervisor_is_killed(node: LotaProcess) -> None
     stop themselves, rather than serve on as orphans."""
     workers = _workers(node)
     assert len(workers) == 2
+    run_dir = Path(_spec(workers[0])["run_dir"])
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "worker-0.fds", "worker-0.http", "worker-1.fds", "worker-1.http"
+    ]  # fmt: skip
     node.kill()
     deadline = time.monotonic() + 20
     while alive := [pid for pid in workers if _running(pid)]:
         assert time.monotonic() < deadline, f"workers {alive} outlived their supervisor"
         time.sleep(0.05)
+    assert not run_dir.exists()  # the last worker out removed it: no supervisor will
+
+
+def _spec(pid: int) -> dict[str, Any]:
+    """What worker `pid` was told by its supervisor (lota.workers.spec)."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    told = next(v for v in environ if v.startswith(b"LOTA_WORKER="))
+    return dict(json.loads(told.split(b"=", 1)[1]))
 
 
 def _running(pid: int) -> bool:
