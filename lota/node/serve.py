@@ -101,7 +101,7 @@ async def serve(
             await node.drain()
             await node.stop()
     finally:
+        if worker is not None:  # before the handlers go: a second SIGTERM must not stop it
+            worker.leave()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        if worker is not None:
-            worker.leave()

@@ -59,14 +59,15 @@ class WorkerSpec:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def leave(self) -> None:
-        """Remove this worker's HTTP socket file (its descriptor socket's server removes its
-        own), and the run directory with the last worker to leave if the supervisor, which
-        removes it on a stop of its own, is gone (killed): nothing is left behind in the
-        temporary directory. A worker that restarts under a living supervisor never
-        removes the directory its restarted siblings bind in."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.http_socket(self.index))
-        if os.getppid() != self.supervisor:
+        """Remove this worker's socket files (its descriptor server removes its own as it
+        closes; not if that failed), and the run directory with the last worker to leave
+        if the supervisor, which removes it on a stop of its own, is gone (killed):
+        nothing is left behind in the temporary directory. A worker that restarts under a
+        living supervisor never removes the directory its restarted siblings bind in."""
+        for path in (self.http_socket(self.index), self.fd_socket(self.index)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if self.supervisor and os.getppid() != self.supervisor:
             with contextlib.suppress(OSError):  # a sibling's sockets still there: its job
                 os.rmdir(self.run_dir)
 

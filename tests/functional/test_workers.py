@@ -63,6 +63,14 @@ def _workers_answering(node: LotaProcess) -> float:
         return 0
 
 
+def _both_serving(node: LotaProcess) -> None:
+    """Wait until both workers answer: a node is started once one of them does."""
+    deadline = time.monotonic() + 30
+    while len(_workers(node)) < 2 or _workers_answering(node) < 2:
+        assert time.monotonic() < deadline, node.log_tail()
+        time.sleep(0.1)
+
+
 def _workers(node: LotaProcess) -> list[int]:
     """The supervisor's children: the worker processes."""
     assert node.proc is not None
@@ -360,6 +368,7 @@ def test_a_node_told_to_stop_before_it_is_ready_stops_at_once(
 def test_workers_stop_when_their_supervisor_is_killed(node: LotaProcess) -> None:
     """SIGKILL (the OOM killer) gives the supervisor no chance to stop its workers: they
     stop themselves, rather than serve on as orphans."""
+    _both_serving(node)
     workers = _workers(node)
     assert len(workers) == 2
     run_dir = Path(_spec(workers[0])["run_dir"])
@@ -461,6 +470,8 @@ def test_every_thread_of_every_serving_process_runs_as_batch_work_by_default(
         origin_s3.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
         assert _read(presigned_get(started.url, bucket, "k"))[1] == "MISS"
         assert started.proc is not None
+        if workers > 1:
+            _both_serving(started)
         serving = _workers(started) if workers > 1 else [started.proc.pid]
         assert len(serving) == workers
         for pid in serving:
@@ -479,6 +490,7 @@ def test_scheduling_normal_leaves_the_workers_as_they_were_started(
     env = {"LOTA_SCHEDULING": "normal"}
     started = _two_workers(recorder, credentials_file, tmp_path, env).start()
     try:
+        _both_serving(started)
         workers = _workers(started)
         assert len(workers) == 2
         for pid in workers:

@@ -1,6 +1,7 @@
 """lota.node.serve.schedule: the serving process's threads under SCHED_BATCH, or as they
-were started. Each case runs in a process of its own, started under the policy the case
-gives (whatever the test runner's own): a policy set is the process's for good."""
+were started. Each case runs in a process of its own, which first puts itself under the
+policy the case gives (whatever the test runner's own, but for SCHED_IDLE, which only a
+privileged runner leaves): a policy set is the process's for good."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from lota.node import serve
 # the main thread, the thread started before and the one started after.
 PROBE = """
 import os, sys, threading
+os.sched_setscheduler(0, int(sys.argv[2]), os.sched_param(0))
 from lota.node.serve import schedule
 ready, done = threading.Event(), threading.Event()
 before = threading.Thread(target=lambda: (ready.set(), done.wait()))
@@ -34,12 +36,11 @@ RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
 def _policies(policy: str, started: int = os.SCHED_OTHER) -> list[int]:
     """The probe's three policies (reset-on-fork flag dropped), started under `started`."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, policy],
+        [sys.executable, "-c", PROBE, policy, str(started)],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
-        preexec_fn=lambda: os.sched_setscheduler(0, started, os.sched_param(0)),
     )
     return [int(word) & ~RESET_ON_FORK for word in done.stdout.split()]
 
