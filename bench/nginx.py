@@ -18,7 +18,8 @@ and the smaller set's cells take longer than that); and 1 GiB hits with one
 and four ``curl`` clients. Each measurement is made ``--runs`` times (3), LOTA and nginx
 alternated in each round of a 64 KiB cell, and the medians are reported: a cell lasts about
 a second, and on a shared machine one second's share of the cores can swing a ratio by a
-fifth. Printed: req/s, p50/p99, GB/s for both, and LOTA / nginx (each round's too); the
+fifth. Printed: the scheduling policy LOTA's workers ran under (``scheduling``, as read off a
+worker); req/s, p50/p99, GB/s for both, and LOTA / nginx (each round's too); the
 CPU each spent per request, and the load generator's (the two cores are shared: what
 one server's answers cost the load generator to read is taken from that server); how busy
 the load generator was (its CPU time over the cell's wall time: near 100%, it bounds the
@@ -54,6 +55,7 @@ from bench.latency import run_cell
 from bench.loadgen import get_request
 from bench.origin import FileOrigin
 from bench.throughput import streams
+from lota.node.serve import policy_of
 from lota.testing.credentials import write_credentials
 from lota.testing.processes import LotaProcess, free_port
 
@@ -267,6 +269,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         node = LotaProcess(["--config", str(config)], log_path=work / "lota.log", env=env)
         node.start()
         try:
+            out["lota_scheduling"] = policy_of(lota_pids(node)[-1])  # a worker's, as it runs
             lota_urls = presigned_urls(node.url, BUCKET, keys)
             looks = LoopLooks(node)
             systems = {
@@ -376,8 +379,9 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
             )
     catalog = " and a SQLite catalog" if args.catalog else ""
     print(
-        f"\n64 KiB hits, presigned SigV4 URLs; LOTA with {args.workers} workers{catalog},"
-        f" nginx with 2; medians of {args.runs} rounds, LOTA and nginx alternated in each"
+        f"\n64 KiB hits, presigned SigV4 URLs; LOTA with {args.workers} workers{catalog}"
+        f" under {out['lota_scheduling']}, nginx with 2; medians of {args.runs} rounds, LOTA"
+        " and nginx alternated in each"
     )
     print(
         table(

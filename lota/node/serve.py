@@ -53,9 +53,9 @@ def schedule(policy: str) -> None:
     if policy != "batch":
         return
     try:
-        started = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
-        if started != os.SCHED_OTHER:
-            log.info("scheduling = batch: %s, as started, stands", _policy_name(started))
+        started = policy_of()
+        if started != "SCHED_OTHER":
+            log.info("scheduling = batch: %s, as started, stands", started)
             return
         for thread in os.listdir("/proc/self/task"):
             with contextlib.suppress(ProcessLookupError):  # a thread that ended since
@@ -67,8 +67,11 @@ def schedule(policy: str) -> None:
         log.warning("scheduling = %s not applied: %s", policy, exc)
 
 
-def _policy_name(policy: int) -> str:
-    names = ("SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR", "SCHED_DEADLINE")
+def policy_of(pid: int = 0) -> str:
+    """The name of the scheduling policy that thread or process `pid` (0: the calling
+    thread) runs under, its reset-on-fork flag aside: ``SCHED_OTHER``, ``SCHED_BATCH``..."""
+    policy = os.sched_getscheduler(pid) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+    names = ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
     return next((n for n in names if getattr(os, n, None) == policy), f"policy {policy}")
 
 

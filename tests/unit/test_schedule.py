@@ -79,3 +79,17 @@ def test_a_system_without_the_policy_is_passed_over(monkeypatch: pytest.MonkeyPa
     monkeypatch.delattr(os, "SCHED_BATCH")
     monkeypatch.setattr(os, "sched_getscheduler", lambda _: os.SCHED_OTHER)
     serve.schedule("batch")  # no AttributeError
+
+
+def test_the_policy_a_process_runs_under_is_named_without_its_reset_on_fork_flag() -> None:
+    code = "import os, sys; sys.stdin.read()"
+    for started, name in (
+        (os.SCHED_IDLE, "SCHED_IDLE"),
+        (os.SCHED_OTHER | RESET_ON_FORK, "SCHED_OTHER"),
+    ):
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+        try:
+            os.sched_setscheduler(child.pid, started, os.sched_param(0))
+            assert serve.policy_of(child.pid) == name
+        finally:
+            child.communicate(b"", timeout=60)
