@@ -105,8 +105,10 @@ def _get(s3: Any, bucket: str, key: str, **kw: Any) -> tuple[bytes, str]:
 
 def _hit(s3: Any, bucket: str, key: str, **kw: Any) -> tuple[bytes, str]:
     """Read until a HIT: a reader that followed a fill gets its bytes before the chunk is
-    committed (fsync, rename), so the read right after a miss may still say MISS."""
-    for _ in range(40):
+    committed (fsync, rename), so the read right after a miss may still say MISS. Up to
+    10 s: on a disk shared with the rest of the suite an fsync can take seconds (once, in
+    CI, a read still said MISS after 2 s)."""
+    for _ in range(200):
         body, source = _get(s3, bucket, key, **kw)
         if source == "HIT":
             break
