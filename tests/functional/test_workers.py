@@ -29,10 +29,11 @@ MiB = 1024 * 1024
 CHUNK = 8 * MiB
 
 
-def _two_workers(
+def _workers_node(
     recorder: RecordingProxy, credentials_file: Path, tmp_path: Path, env: dict[str, str]
 ) -> LotaProcess:
-    """A node of two workers, 1 GiB of cache between them (not started)."""
+    """A node of two workers, 1 GiB of cache between them (not started); of as many as
+    `env`'s LOTA_WORKERS says, if it says (1: a node serving alone)."""
     config = tmp_path / "lota.toml"
     config.write_text(
         f'workers = 2\n[cache]\ndirs = ["{tmp_path / "cache"}"]\nsize = "1GiB"\n'
@@ -45,7 +46,7 @@ def _two_workers(
 
 @pytest.fixture
 def node(recorder: RecordingProxy, credentials_file: Path, tmp_path: Path) -> Iterator[LotaProcess]:
-    started = _two_workers(recorder, credentials_file, tmp_path, {}).start()
+    started = _workers_node(recorder, credentials_file, tmp_path, {}).start()
     yield started
     started.stop()
 
@@ -336,7 +337,7 @@ def test_a_node_is_ready_only_once_every_worker_is(
     not ready meanwhile, so the first reads find both workers serving and the origin sends
     each chunk once, not once more for each read that found worker 1 still starting."""
     env = _worker_1_late(tmp_path, seconds=3)
-    node = _two_workers(recorder, credentials_file, tmp_path, env).start()
+    node = _workers_node(recorder, credentials_file, tmp_path, env).start()
     try:
         data = os.urandom(3 * CHUNK + 5)
         origin_s3.put_object(Bucket=bucket, Key="o", Body=data)
@@ -355,7 +356,7 @@ def test_a_node_told_to_stop_before_it_is_ready_stops_at_once(
     get no answer. SIGTERM meanwhile stops the node in seconds (it once waited out a probe
     for five minutes)."""
     env = _worker_1_late(tmp_path, seconds=60)
-    node = _two_workers(recorder, credentials_file, tmp_path, env).start(ready=False)
+    node = _workers_node(recorder, credentials_file, tmp_path, env).start(ready=False)
     deadline = time.monotonic() + 20
     while not _unaccepted(node.port):  # a probe (each its own connection) waits in a queue
         assert time.monotonic() < deadline, "no readiness probe reached worker 1's queue"
@@ -465,7 +466,7 @@ def test_every_thread_of_every_serving_process_runs_as_batch_work_by_default(
     supervisor serves nothing and keeps the policy it started with."""
     _started_under_default_policy()
     env = {"LOTA_WORKERS": str(workers), "LOTA_SCHEDULING": ""}  # "": the default
-    started = _two_workers(recorder, credentials_file, tmp_path, env).start()
+    started = _workers_node(recorder, credentials_file, tmp_path, env).start()
     try:
         origin_s3.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
         assert _read(presigned_get(started.url, bucket, "k"))[1] == "MISS"
@@ -488,7 +489,7 @@ def test_scheduling_normal_leaves_the_workers_as_they_were_started(
 ) -> None:
     _started_under_default_policy()
     env = {"LOTA_SCHEDULING": "normal"}
-    started = _two_workers(recorder, credentials_file, tmp_path, env).start()
+    started = _workers_node(recorder, credentials_file, tmp_path, env).start()
     try:
         _both_serving(started)
         workers = _workers(started)
