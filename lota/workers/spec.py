@@ -12,9 +12,11 @@ import ctypes
 import json
 import os
 import signal
+import socket
+import stat
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lota.config import Config
 
@@ -51,24 +53,34 @@ class WorkerSpec:
 
     def stop_with_supervisor(self) -> None:
         """Have the kernel SIGTERM this worker (which drains) when its supervisor dies,
-        however it dies (SIGKILL, the OOM killer): no orphan keeps serving its socket."""
+        however it dies (SIGKILL, the OOM killer): no orphan keeps serving its socket.
+        Until the worker's event loop takes SIGTERM over (:func:`lota.node.serve.serve`),
+        and if the supervisor is gone already, it leaves at once (:meth:`leave`)."""
+        signal.signal(signal.SIGTERM, self._leave_now)
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
         if self.supervisor and os.getppid() != self.supervisor:  # it died before that
-            os.kill(os.getpid(), signal.SIGTERM)
+            self._leave_now()
+
+    def _leave_now(self, *_: object) -> NoReturn:
+        """Stop before serving: nothing to drain yet, but the run directory to leave."""
+        self.leave()
+        raise SystemExit(128 + signal.SIGTERM)
 
     def leave(self) -> None:
         """Remove this worker's socket files (its descriptor server removes its own as it
-        closes; not if that failed), and the run directory with the last worker to leave
-        if the supervisor, which removes it on a stop of its own, is gone (killed):
-        nothing is left behind in the temporary directory. A worker that restarts under a
-        living supervisor never removes the directory its restarted siblings bind in."""
+        closes; not if that failed) and, if the supervisor is gone (killed: it removes
+        the run directory on a stop of its own), those of siblings killed before it
+        (sockets nobody listens on), then the directory with the last worker to leave:
+        nothing is left behind in the temporary directory. A worker that restarts under
+        a living supervisor never removes what its restarted siblings bind in."""
         for path in (self.http_socket(self.index), self.fd_socket(self.index)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         if self.supervisor and os.getppid() != self.supervisor:
-            with contextlib.suppress(OSError):  # a sibling's sockets still there: its job
+            _remove_abandoned_sockets(self.run_dir)
+            with contextlib.suppress(OSError):  # a living sibling's sockets: its to remove
                 os.rmdir(self.run_dir)
 
     def http_socket(self, index: int) -> str:
@@ -89,3 +101,28 @@ class WorkerSpec:
             size=config.cache.size // self.count,
         )
         return replace(config, cache=cache, workers=self.count)
+
+
+def _remove_abandoned_sockets(directory: str) -> None:
+    """Remove the Unix sockets in `directory` that nobody listens on any more (their
+    worker was killed); a connection refused says so, one accepted or queued does not."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+        except OSError:
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect(path)
+            except ConnectionRefusedError:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            except OSError:  # a full queue (someone listens), or gone already
+                pass

@@ -384,6 +384,27 @@ def test_workers_stop_when_their_supervisor_is_killed(node: LotaProcess) -> None
     assert not run_dir.exists()  # the last worker out removed it: no supervisor will
 
 
+def test_a_supervisor_killed_while_restarting_a_worker_leaves_no_run_directory(
+    node: LotaProcess,
+) -> None:
+    """A worker killed, then its supervisor killed before the restart (its back-off): the
+    surviving worker, the last one out, removes the killed one's sockets with its own."""
+    _both_serving(node)
+    workers = _workers(node)
+    run_dir = Path(_spec(workers[0])["run_dir"])
+    os.kill(workers[0], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _running(workers[0]):
+        assert time.monotonic() < deadline, "worker 0 outlived SIGKILL"
+        time.sleep(0.01)
+    node.kill()  # within the supervisor's first back-off (a second): nothing restarted
+    assert sorted(p.name for p in run_dir.iterdir())[:2] == ["worker-0.fds", "worker-0.http"]
+    while _running(workers[1]):
+        assert time.monotonic() < deadline + 10, "worker 1 outlived its supervisor"
+        time.sleep(0.05)
+    assert not run_dir.exists()
+
+
 def _spec(pid: int) -> dict[str, Any]:
     """What worker `pid` was told by its supervisor (lota.workers.spec)."""
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

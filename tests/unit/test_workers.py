@@ -7,12 +7,15 @@ import asyncio
 import gc
 import json
 import os
+import shlex
+import socket
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -485,6 +488,109 @@ async def test_a_worker_is_ready_once_its_siblings_answer(
     finally:
         for runner in runners:
             await runner.cleanup()
+
+
+def _abandoned_socket(path: Path) -> None:
+    """A Unix socket file at `path` whose listener is gone (a worker killed)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(path))
+
+
+def _gone_pid() -> int:
+    """The id of a process that has exited (a supervisor killed)."""
+    probe = subprocess.Popen(["true"])
+    probe.wait()
+    return probe.pid
+
+
+def test_a_worker_leaving_after_its_supervisor_takes_the_run_directory_with_the_last_one(
+    tmp_path: Path,
+) -> None:
+    """A worker that leaves once its supervisor was killed removes its own sockets, its
+    killed siblings' (nobody listens on them), and the run directory once no living
+    sibling's sockets are left in it; under a living supervisor, only its own."""
+    from lota.workers.spec import WorkerSpec
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("worker-0.http", "worker-0.fds", "worker-1.http", "worker-1.fds"):
+        _abandoned_socket(run_dir / name)
+    (run_dir / "notes").write_text("not a socket: not ours to judge")
+    living = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    living.bind(str(run_dir / "worker-2.fds"))
+    living.listen(1)
+    try:
+        spec = WorkerSpec(index=0, count=3, listen_fd=-1, run_dir=str(run_dir), secret="s")
+        served = replace(spec, supervisor=os.getppid())  # still there
+        served.leave()
+        assert sorted(p.name for p in run_dir.iterdir()) == [
+            "notes", "worker-1.fds", "worker-1.http", "worker-2.fds"
+        ]  # fmt: skip
+        orphan = replace(spec, supervisor=_gone_pid())
+        orphan.leave()
+        assert sorted(p.name for p in run_dir.iterdir()) == ["notes", "worker-2.fds"]
+    finally:
+        living.close()
+    (run_dir / "notes").unlink()
+    replace(orphan, index=2).leave()  # worker 2, the last one out
+    assert not run_dir.exists()
+
+
+_WORKER_STARTING = """
+import os, sys, time
+from lota.workers.spec import WorkerSpec
+spec = WorkerSpec(index=0, count=2, listen_fd=-1, run_dir=sys.argv[1], secret="s",
+                  supervisor=int(sys.argv[2]) or os.getppid())
+spec.stop_with_supervisor()
+print(os.getpid(), flush=True)
+time.sleep(60)  # its configuration loading, say
+print("served", flush=True)
+"""
+
+
+def test_a_worker_whose_supervisor_is_gone_before_it_serves_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    """Its supervisor dead already as it starts, or killed while it loads its settings (the
+    kernel's SIGTERM before the event loop handles it): the worker stops at once, and the
+    run directory goes with it (its killed sibling's socket included)."""
+    dead = tmp_path / "dead"
+    dead.mkdir()
+    _abandoned_socket(dead / "worker-1.http")
+    started = subprocess.run(
+        [sys.executable, "-c", _WORKER_STARTING, str(dead), str(_gone_pid())],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert started.returncode == 143, started.stderr
+    assert "served" not in started.stdout
+    assert not dead.exists()
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    _abandoned_socket(killed / "worker-1.fds")
+    script = shlex.join([sys.executable, "-c", _WORKER_STARTING, str(killed), "0"])
+    with subprocess.Popen(["sh", "-c", f"{script} & wait"], stdout=subprocess.PIPE) as supervisor:
+        try:
+            assert supervisor.stdout is not None
+            worker = int(supervisor.stdout.readline())
+        finally:
+            supervisor.kill()
+    deadline = time.monotonic() + 20
+    while _running(worker):
+        assert time.monotonic() < deadline, "the worker outlived its supervisor"
+        time.sleep(0.05)
+    assert not killed.exists()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 class _Answers:
