@@ -78,6 +78,7 @@ async def _cell(
         "samples": out.samples,
         "wall_s": out.wall_s,
         "client_cpu_s": out.client_cpu_s,
+        "client_wait_s": out.client_wait_s,
         "sources": dict(out.sources),
         "errors": dict(out.errors),
     }

@@ -25,11 +25,24 @@ from urllib.parse import urlsplit
 HEADER_LIMIT = 64 * 1024
 
 
+def run_delay() -> float | None:
+    """Seconds the calling thread has spent ready to run, waiting for a core, since it
+    started (the second figure of ``/proc/thread-self/schedstat``); None without it."""
+    try:
+        with open("/proc/thread-self/schedstat") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 @dataclass
 class Result:
     samples: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     client_cpu_s: float = 0.0
+    # Seconds the load generator was ready to run but waited for a core (the kernel's
+    # run delay of its thread, /proc/thread-self/schedstat); None where it is not told.
+    client_wait_s: float | None = None
     sources: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     # Each sample again, under the x-lota-cache header of its response.
@@ -215,12 +228,15 @@ class LoadClient:
         # The collector would pause the load generator, not the server: keep it out.
         gc.collect()
         gc.disable()
-        cpu, started = time.process_time(), time.perf_counter()
+        cpu, waited, started = time.process_time(), run_delay(), time.perf_counter()
         try:
             await asyncio.gather(*(worker(conn) for conn in self.connections))
         finally:
             result.wall_s = time.perf_counter() - started
             result.client_cpu_s = time.process_time() - cpu
+            now = run_delay()
+            if waited is not None and now is not None:
+                result.client_wait_s = now - waited
             gc.enable()
         return result
 

@@ -23,7 +23,9 @@ worker); req/s, p50/p99, GB/s for both, and LOTA / nginx (each round's too); the
 CPU each spent per request, and the load generator's (the two cores are shared: what
 one server's answers cost the load generator to read is taken from that server); how busy
 the load generator was (its CPU time over the cell's wall time: near 100%, it bounds the
-cell, not the server), what share of the two cores sat idle (over the cell, its
+cell, not the server) and how long it was ready to run but waited for a core (the
+kernel's run delay, over the cell's wall time: the server's processes held both cores,
+and no request was sent meanwhile), what share of the two cores sat idle (over the cell, its
 untimed warm-up of up to 256 requests included), and what share of the times LOTA's
 workers looked found their event loops more than 5 ms late (``lota_event_loop_lag_seconds``:
 a step holding the loop, or the worker off the CPU; either delays the worker's requests;
@@ -237,6 +239,7 @@ async def cell(
     if looks and looked:
         late = looks.late_share(looked, looks())
     n = len(out["samples"])
+    wait = out.get("client_wait_s")
     return {
         "n": n,
         "errors": out["errors"],
@@ -244,6 +247,7 @@ async def cell(
         "cpu_us_per_req": used / max(n, 1) * 1e6,
         "client_cpu_us_per_req": out["client_cpu_s"] / max(n, 1) * 1e6,
         "client_busy": out["client_cpu_s"] / out["wall_s"],
+        "client_waiting": None if wait is None else wait / out["wall_s"],
         "idle": idle,
         "loop_late": late,
         **percentiles(out["samples"]),
@@ -330,6 +334,7 @@ _MEDIANS = (
     "cpu_us_per_req",
     "client_cpu_us_per_req",
     "client_busy",
+    "client_waiting",
     "idle",
     "loop_late",
 )
@@ -346,6 +351,10 @@ def medians(cells: list[dict[str, Any]]) -> dict[str, Any]:
     row["n"] = sum(c["n"] for c in cells)
     row["errors"] = dict(sum((Counter(c["errors"]) for c in cells), Counter()))
     return row
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def report(out: dict[str, Any], args: argparse.Namespace) -> None:
@@ -373,6 +382,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                     f"{lota['cpu_us_per_req']:.0f} / {nginx['cpu_us_per_req']:.0f}",
                     f"{lota['client_cpu_us_per_req']:.0f} / {nginx['client_cpu_us_per_req']:.0f}",
                     f"{lota['client_busy']:.0%} / {nginx['client_busy']:.0%}",
+                    f"{_share(lota['client_waiting'])} / {_share(nginx['client_waiting'])}",
                     f"{lota['idle']:.0%} / {nginx['idle']:.0%}",
                     f"{lota['loop_late']:.1%}",
                 ]
@@ -398,6 +408,7 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> None:
                 "CPU µs/req LOTA / nginx",
                 "load generator µs/req",
                 "load generator busy",
+                "load generator waiting for a core",
                 "cores idle",
                 "LOTA loop >5 ms late",
             ],

@@ -18,6 +18,7 @@ def _cell(
         "cpu_us_per_req": req_per_s / 1000,
         "client_cpu_us_per_req": 1.0,
         "client_busy": 0.5,
+        "client_waiting": 0.1,
         "idle": 0.25,
         "loop_late": late,
         "p50": p99 / 2,

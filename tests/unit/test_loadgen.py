@@ -4,10 +4,14 @@ the server cuts them into writes, and counts anything else as an error, never a 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from bench.loadgen import LoadClient, get_request
+from bench.loadgen import LoadClient, get_request, run_delay
 
 BODY = bytes(range(256)) * 256  # 64 KiB
 HEAD = f"HTTP/1.1 200 OK\r\nContent-Length: {len(BODY)}\r\nx-lota-cache: HIT\r\n\r\n".encode()
@@ -64,6 +68,7 @@ async def test_responses_are_framed_however_they_are_written() -> None:
                 client.close()
         assert (len(result.samples), dict(result.errors)) == (6, {}), way
         assert (result.body_bytes, dict(result.sources)) == (6 * len(BODY), {"HIT": 6}), way
+        assert result.client_wait_s is not None and 0 <= result.client_wait_s < result.wall_s
 
 
 async def test_a_body_cut_short_is_an_error_not_a_sample() -> None:
@@ -74,3 +79,28 @@ async def test_a_body_cut_short_is_an_error_not_a_sample() -> None:
         finally:
             client.close()
     assert (result.samples, dict(result.errors)) == ([], {"ConnectionResetError": 1})
+
+
+def test_the_time_a_thread_waited_for_a_core_is_told() -> None:
+    """Four busy loops on one core for half a second: this thread runs for about a quarter
+    of it and waits for the rest, and says so (what bench.nginx prints as the load
+    generator waiting for a core)."""
+    before = run_delay()
+    assert before is not None
+    mine = os.sched_getaffinity(0)
+    core = {min(mine)}
+    rivals = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        for rival in rivals:
+            os.sched_setaffinity(rival.pid, core)
+        os.sched_setaffinity(0, core)  # this thread
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            pass
+    finally:
+        os.sched_setaffinity(0, mine)
+        for rival in rivals:
+            rival.kill()
+            rival.wait()
+    waited = run_delay()
+    assert waited is not None and 0.25 < waited - before < 5
