@@ -228,13 +228,14 @@ class LoadClient:
         # The collector would pause the load generator, not the server: keep it out.
         gc.collect()
         gc.disable()
-        cpu, waited, started = time.process_time(), run_delay(), time.perf_counter()
+        # The run delay read within the wall time: a wait at either edge is in both.
+        started, cpu, waited = time.perf_counter(), time.process_time(), run_delay()
         try:
             await asyncio.gather(*(worker(conn) for conn in self.connections))
         finally:
-            result.wall_s = time.perf_counter() - started
-            result.client_cpu_s = time.process_time() - cpu
             now = run_delay()
+            result.client_cpu_s = time.process_time() - cpu
+            result.wall_s = time.perf_counter() - started
             if waited is not None and now is not None:
                 result.client_wait_s = now - waited
             gc.enable()

@@ -343,10 +343,10 @@ _MEDIANS = (
 def medians(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """One system's rounds of a cell: the median of each figure (the upper one of an even
     count), every round's req/s, and every error."""
-    row: dict[str, Any] = {
-        key: None if cells[0][key] is None else sorted(c[key] for c in cells)[len(cells) // 2]
-        for key in _MEDIANS
-    }
+    row: dict[str, Any] = {}
+    for key in _MEDIANS:  # of the rounds that measured it (None where none did)
+        told = sorted(c[key] for c in cells if c[key] is not None)
+        row[key] = told[len(told) // 2] if told else None
     row["rounds_req_per_s"] = [c["req_per_s"] for c in cells]
     row["n"] = sum(c["n"] for c in cells)
     row["errors"] = dict(sum((Counter(c["errors"]) for c in cells), Counter()))

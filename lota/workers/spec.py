@@ -71,8 +71,9 @@ class WorkerSpec:
     def leave(self) -> None:
         """Remove this worker's socket files (its descriptor server removes its own as it
         closes; not if that failed) and, if the supervisor is gone (killed: it removes
-        the run directory on a stop of its own), those of siblings killed before it
-        (sockets nobody listens on), then the directory with the last worker to leave:
+        the run directory on a stop of its own), every socket there nobody listens on
+        (a sibling's killed before it, or closed as it stops), then the directory with
+        the last worker to leave:
         nothing is left behind in the temporary directory. A worker that restarts under
         a living supervisor never removes what its restarted siblings bind in."""
         for path in (self.http_socket(self.index), self.fd_socket(self.index)):

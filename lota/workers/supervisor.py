@@ -4,10 +4,11 @@ It binds one listening socket per worker on the listen address (``SO_REUSEPORT``
 kernel spreads connections over them) and holds them for the node's life, so a worker
 that restarts finds its socket, and connections that arrive meanwhile wait in its queue.
 Each worker is ``python -m lota serve`` with :data:`lota.workers.spec.VARIABLE` set. A
-worker that exits is started again (after 1 s, doubling to 30 s while it keeps dying
-young); one that fails at start (status 2, within its first seconds: a cache directory
-held, a bad setting) stops the node with status 2, its one line already printed. SIGTERM
-or SIGINT is passed on to every worker, which drains; the supervisor waits for them.
+worker that exits is started again: after 1 s if it ran a minute or more, else after
+twice the last wait (2 s the first time), up to 30 s; one that fails at start (status
+2, within its first seconds: a cache directory held, a bad setting) stops the node with
+status 2, its one line already printed. SIGTERM or SIGINT is passed on to every worker,
+which drains; the supervisor waits for them.
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ def test_the_time_a_thread_waited_for_a_core_is_told() -> None:
     assert before is not None
     mine = os.sched_getaffinity(0)
     core = {min(mine)}
-    rivals = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    spin = "import time\nend = time.monotonic() + 5\nwhile time.monotonic() < end: pass"
+    rivals = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
     try:
         for rival in rivals:
             os.sched_setaffinity(rival.pid, core)
