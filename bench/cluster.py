@@ -38,7 +38,7 @@ from typing import Any
 
 import boto3
 
-from bench.common import origin_client, percentiles, presigned_urls, save, table
+from bench.common import origin_client, percentiles, presigned_urls, save, stop_on_sigterm, table
 from bench.loadgen import LoadClient, Request, Result, get_request
 from lota.config import parse_duration, parse_size
 from lota.embedded import EmbeddedOrigin
@@ -286,4 +286,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import presigned_urls, save, table
+from bench.common import presigned_urls, save, stop_on_sigterm, table
 from bench.origin import FileOrigin
 from lota.config import parse_duration, parse_size
 from lota.testing.credentials import write_credentials
@@ -161,4 +161,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

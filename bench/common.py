@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import statistics
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import boto3
 from botocore.config import Config as BotoConfig
@@ -24,6 +25,17 @@ from lota.testing.processes import LotaProcess
 RESULTS = Path(__file__).parent / "results"
 FAR_BUCKET = "checkpoints-eu"
 STAGING_BUCKET = "lota-staging"
+
+
+def stop_on_sigterm() -> None:
+    """Have SIGTERM (``timeout``, ``kill``) end a bench as Ctrl-C does, by an exception:
+    its temporary directories are removed and the servers it started are stopped, where
+    the signal's default action would leave ``lota-bench-*`` and them behind."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, _frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
 
 
 def origin_client(origin: EmbeddedOrigin) -> Any:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bench.common import FAR_BUCKET, Setup, lota_with_origin, origin_client, table
+from bench.common import FAR_BUCKET, Setup, lota_with_origin, origin_client, stop_on_sigterm, table
 from lota.config import parse_duration
 from lota.embedded import EmbeddedOrigin
 from lota.testing.wan import parse_bandwidth
@@ -259,4 +259,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

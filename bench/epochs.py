@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import uvloop
 
-from bench.common import presigned_urls, save, table, write_small_objects
+from bench.common import presigned_urls, save, stop_on_sigterm, table, write_small_objects
 from bench.origin import FileOrigin
 from lota.testing.credentials import write_credentials
 from lota.testing.node import node_config, running_node
@@ -107,4 +107,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     main()

@@ -30,7 +30,7 @@ from typing import cast
 
 import uvloop
 
-from bench.common import presigned_urls, table
+from bench.common import presigned_urls, stop_on_sigterm, table
 from bench.nginx import BUCKET, cell, write_objects
 from lota import zerocopy
 
@@ -168,4 +168,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

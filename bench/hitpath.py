@@ -37,7 +37,7 @@ from unittest import mock
 
 import uvloop
 
-from bench.common import presigned_urls, save, table, write_small_objects
+from bench.common import presigned_urls, save, stop_on_sigterm, table, write_small_objects
 from bench.loadgen import LoadClient, get_request
 from bench.origin import FileOrigin
 from lota import config as configuration
@@ -181,4 +181,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     uvloop.run(main())

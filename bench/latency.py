@@ -41,7 +41,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from bench.common import Setup, lota_with_origin, percentiles, save, table
+from bench.common import Setup, lota_with_origin, percentiles, save, stop_on_sigterm, table
 from bench.loadgen import LoadClient, Request, get_request
 from bench.payload import human, load_average, parse_size
 from lota.auth.sigv4 import UNSIGNED_PAYLOAD, sign_headers
@@ -339,4 +339,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 
+from bench.common import stop_on_sigterm
 from lota.catalog import open_catalog
 from lota.clock import Clock, FakeClock
 from lota.lifecycle.config import LifecycleConfig
@@ -114,6 +115,7 @@ async def main(total: int) -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=1_000_000)
     asyncio.run(main(parser.parse_args().objects))

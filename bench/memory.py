@@ -39,7 +39,7 @@ from typing import Any
 
 from boto3.s3.transfer import TransferConfig
 
-from bench.common import Setup, lota_with_origin, peak_rss_mib, save, table
+from bench.common import Setup, lota_with_origin, peak_rss_mib, save, stop_on_sigterm, table
 from bench.payload import (
     MiB,
     PatternReader,
@@ -352,4 +352,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

@@ -52,7 +52,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentiles, presigned_urls, save, table, write_small_objects
+from bench.common import (
+    percentiles,
+    presigned_urls,
+    save,
+    stop_on_sigterm,
+    table,
+    write_small_objects,
+)
 from bench.latency import run_cell
 from bench.loadgen import get_request
 from bench.origin import FileOrigin
@@ -455,4 +462,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

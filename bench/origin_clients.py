@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from bench.common import origin_client, save, table
+from bench.common import origin_client, save, stop_on_sigterm, table
 from lota.clock import Clock
 from lota.config import Config, RegionConfig
 from lota.embedded import EmbeddedOrigin
@@ -109,4 +109,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

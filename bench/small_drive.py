@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import origin_client, table
+from bench.common import origin_client, stop_on_sigterm, table
 from lota.config import parse_duration, parse_size
 from lota.embedded import EmbeddedOrigin
 from lota.testing.credentials import PRINCIPALS, write_credentials
@@ -122,4 +122,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

@@ -39,7 +39,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from bench.common import Setup, lota_with_origin, save, table
+from bench.common import Setup, lota_with_origin, save, stop_on_sigterm, table
 from bench.payload import (
     BLOCK,
     MiB,
@@ -289,4 +289,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())

@@ -32,7 +32,7 @@ from typing import Any
 import boto3
 from boto3.s3.transfer import TransferConfig
 
-from bench.common import save, table
+from bench.common import save, stop_on_sigterm, table
 from lota.config import parse_duration, parse_size
 from lota.embedded import EmbeddedOrigin
 from lota.testing.credentials import PRINCIPALS, write_credentials
@@ -208,4 +208,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     asyncio.run(main())
