@@ -84,9 +84,9 @@ async def run(args: argparse.Namespace, work: Path, wan: WanLink) -> Any:
             f'[regions.us-east]\nendpoint = "{wan.endpoint}"\n'
         )
         node = LotaProcess(["--config", str(config)], log_path=work / "lota.log")
-        # In a thread: the WAN link runs on this loop, and readiness checks the origin.
-        await asyncio.to_thread(node.start)
-        try:
+        node.spawn()
+        try:  # readiness in a thread: the WAN link runs on this loop, and it checks the origin
+            await asyncio.to_thread(node.wait_ready)
             direct = await curl(f"{wan.endpoint}/{BUCKET}/{key}")
             url = presigned_urls(node.url, BUCKET, [key])[0]
             cold = await curl(url)

@@ -125,9 +125,9 @@ async def lota_with_origin(
             config.write_text("\n".join(lines) + "\n")
             env = {"LOTA_WORKERS": str(workers)}
             node = LotaProcess(["--config", str(config)], log_path=work / "lota.log", env=env)
-            # In a thread: the WAN link runs on this loop, and readiness checks the origin.
-            await asyncio.to_thread(node.start)
-            try:
+            node.spawn()
+            try:  # readiness in a thread: the WAN link runs on this loop; it checks the origin
+                await asyncio.to_thread(node.wait_ready)
                 yield Setup(origin, node, work, far)
             finally:
                 node.stop()

@@ -105,17 +105,17 @@ async def run(args: argparse.Namespace, work: Path) -> list[list[object]]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    pids = []
-    for _ in range(args.workers):
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child serves until killed
-            try:
-                _serve(sock, root, args.keep)
-            finally:
-                os._exit(0)
-        pids.append(pid)
+    pids: list[int] = []
     rows: list[list[object]] = []
     try:
+        for _ in range(args.workers):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child serves until killed
+                try:
+                    _serve(sock, root, args.keep)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(1, mp_context=context) as pool:
             for size in args.sets:

@@ -121,10 +121,14 @@ class Nginx:
     def __enter__(self) -> Nginx:
         self.proc = subprocess.Popen([NGINX, "-c", str(self.conf), "-p", str(self.root)])
         deadline = time.monotonic() + 10
-        while not _answers(self.port):
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError((self.root / "error.log").read_text()[-2000:])
-            time.sleep(0.05)
+        try:
+            while not _answers(self.port):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError((self.root / "error.log").read_text()[-2000:])
+                time.sleep(0.05)
+        except BaseException:  # failed, or interrupted (SIGTERM): not left running
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

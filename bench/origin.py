@@ -108,10 +108,14 @@ class FileOrigin:
         command = [sys.executable, "-m", "bench.origin", "--root", str(self.root)]
         self._proc = subprocess.Popen([*command, "--port-file", str(ready)])
         deadline = time.monotonic() + 10
-        while not (ready.exists() and ready.read_text()):
-            if time.monotonic() > deadline or self._proc.poll() is not None:
-                raise RuntimeError("the file origin did not start")
-            time.sleep(0.02)
+        try:
+            while not (ready.exists() and ready.read_text()):
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    raise RuntimeError("the file origin did not start")
+                time.sleep(0.02)
+        except BaseException:  # failed, or interrupted (SIGTERM): not left running
+            self.__exit__(None, None, None)
+            raise
         self.port = int(ready.read_text())
         self.endpoint = f"http://127.0.0.1:{self.port}"
         return self

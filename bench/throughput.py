@@ -151,10 +151,14 @@ while True:
         command = [sys.executable, "-c", self.SOURCE, str(self.path), str(ready)]
         self.proc = subprocess.Popen(command)
         deadline = time.monotonic() + 10
-        while not (ready.exists() and ready.read_text()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("sendfile server did not start")
-            time.sleep(0.02)
+        try:
+            while not (ready.exists() and ready.read_text()):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("sendfile server did not start")
+                time.sleep(0.02)
+        except BaseException:  # failed, or interrupted (SIGTERM): not left running
+            self.__exit__()
+            raise
         self.url = f"http://127.0.0.1:{int(ready.read_text())}/"
         return self
 

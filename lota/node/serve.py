@@ -93,7 +93,10 @@ async def serve(
         config = replace(config, workers=1)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # The handlers it replaces come back once it has drained (a worker's, which leaves
+    # its run directory; a bench's or a test's that runs a node in process).
+    replaced = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in replaced:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with build_node(config, worker=worker) as node:
@@ -106,5 +109,7 @@ async def serve(
     finally:
         if worker is not None:  # before the handlers go: a second SIGTERM must not stop it
             worker.leave()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig, handler in replaced.items():
             loop.remove_signal_handler(sig)
+            if handler is not None:
+                signal.signal(sig, handler)

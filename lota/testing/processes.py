@@ -84,8 +84,14 @@ class LotaProcess:
 
     def start(self, timeout: float = 30.0, *, ready: bool = True) -> LotaProcess:
         """Start it and wait until ``readyz`` says ready (or, `ready` False, answers at all:
-        a node that is up but not ready, 503)."""
-        return self.spawn().wait_ready(timeout, ready=ready)
+        a node that is up but not ready, 503). A start that fails or is interrupted (a
+        bench's SIGTERM) leaves no process running."""
+        self.spawn()
+        try:
+            return self.wait_ready(timeout, ready=ready)
+        except BaseException:
+            self.kill()
+            raise
 
     def spawn(self) -> LotaProcess:
         """Start it, not waiting (:meth:`wait_ready`): several nodes start side by side."""

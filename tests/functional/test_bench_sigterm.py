@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 def _started_under(path: Path) -> list[int]:
     """Processes whose command line names something under `path`."""
@@ -27,22 +29,28 @@ def _started_under(path: Path) -> list[int]:
     return found
 
 
-def test_a_bench_terminated_mid_run_leaves_no_directory_and_no_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["starting", "serving"])
+def test_a_bench_terminated_leaves_no_directory_and_no_server(tmp_path: Path, when: str) -> None:
+    """`when`: as soon as its origin and LOTA node run (the node still starting), or once
+    it has timed its first run (the node serving)."""
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    with (tmp_path / "stderr").open("wb") as stderr:
+    out = tmp_path / "stdout"
+    with out.open("wb") as stdout, (tmp_path / "stderr").open("wb") as stderr:
         bench = subprocess.Popen(
             [sys.executable, "-m", "bench.coldread", "--size", "64MiB", "--runs", "100"],
             env={**os.environ, "TMPDIR": str(temporary)},
-            stdout=subprocess.DEVNULL,
+            stdout=stdout,
             stderr=stderr,
         )
     try:
-        deadline = time.monotonic() + 60
-        while len(_started_under(temporary)) < 2:  # its origin, and a LOTA node
+        deadline = time.monotonic() + 120
+        while len(_started_under(temporary)) < 2 or (
+            when == "serving" and "run 0:" not in out.read_text()
+        ):
             assert bench.poll() is None, (tmp_path / "stderr").read_text()
-            assert time.monotonic() < deadline, "the bench started no server"
-            time.sleep(0.1)
+            assert time.monotonic() < deadline, f"the bench was not {when} in time"
+            time.sleep(0.05)
         bench.send_signal(signal.SIGTERM)
         bench.wait(timeout=60)
         left = _started_under(temporary)

@@ -4,6 +4,7 @@ real requests against the real origin, and a node that cannot start says why."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -44,3 +45,26 @@ async def test_an_in_process_node_that_cannot_listen_raises_startup_error(origin
         with pytest.raises(StartupError, match="cannot listen on"):
             async with running_node(config):
                 pytest.fail("the node started on a port in use")
+
+
+async def test_a_node_served_in_process_gives_back_the_signal_handlers_it_took(
+    origin: str, tmp_path: Path
+) -> None:
+    """While it serves, SIGTERM and SIGINT drain the node; then the process's own handlers
+    (a bench's, which removes its temporary directory; a worker's) are back."""
+
+    def ours(*_: object) -> None:
+        raise AssertionError("not to be called")
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for sig in before:
+            signal.signal(sig, ours)
+        config = node_config({"origin": origin, "auth.mode": "none"})
+        async with running_node(config):
+            assert signal.getsignal(signal.SIGTERM) is not ours
+        assert signal.getsignal(signal.SIGTERM) is ours
+        assert signal.getsignal(signal.SIGINT) is ours
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
