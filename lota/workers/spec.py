@@ -73,9 +73,9 @@ class WorkerSpec:
         closes; not if that failed) and, if the supervisor is gone (killed: it removes
         the run directory on a stop of its own), every socket there nobody listens on
         (a sibling's killed before it, or closed as it stops), then the directory with
-        the last worker to leave:
-        nothing is left behind in the temporary directory. A worker that restarts under
-        a living supervisor never removes what its restarted siblings bind in."""
+        the last worker to leave: nothing is left behind in the temporary directory. A
+        worker that restarts under a living supervisor never removes what its restarted
+        siblings bind in."""
         for path in (self.http_socket(self.index), self.fd_socket(self.index)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -106,7 +106,8 @@ class WorkerSpec:
 
 def _remove_abandoned_sockets(directory: str) -> None:
     """Remove the Unix sockets in `directory` that nobody listens on any more (their
-    worker was killed); a connection refused says so, one accepted or queued does not."""
+    worker was killed, or has closed them as it stops); a connection refused says so, one
+    accepted or queued does not."""
     try:
         names = os.listdir(directory)
     except OSError:
