@@ -51,6 +51,9 @@ from lota.errors import CatalogError, CatalogUnavailable, CatalogVersionError, S
 
 log = logging.getLogger("lota.catalog")
 
+# Seconds a closing catalog waits for its pool's connections to be released and reset.
+CLOSE_TIMEOUT = 5.0
+
 # SQLSTATE classes worth retrying: connection exception, insufficient resources, operator
 # intervention (shutdown, cannot connect now), transaction rollback (serialization, deadlock).
 _TRANSIENT_CLASSES = ("08", "53", "57", "40")
@@ -480,12 +483,19 @@ class PostgresCatalog(Catalog):
             return await asyncpg.connect(self._dsn, timeout=self.settings.connect_timeout)
 
     async def _close(self) -> None:
+        """Close the pool gracefully (each connection released and reset) for at most
+        :data:`CLOSE_TIMEOUT`, then cut what is left: a node stops within its drain time
+        and a few seconds, not the minute a command may take (an orchestrator kills it
+        sooner). By now its requests are drained and its tasks have stopped (their last
+        writes flushed): a connection still held is stuck."""
         pool, self._pool = self._pool, None
         if pool is not None:
             try:
-                await asyncio.wait_for(pool.close(), self.settings.command_timeout)
+                await asyncio.wait_for(
+                    pool.close(), min(CLOSE_TIMEOUT, self.settings.command_timeout)
+                )
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
-                log.warning("catalog %s: closing: %s", self.url, exc or "timed out")
+                log.warning("catalog %s: closing: %s", self.url, str(exc) or "timed out")
                 pool.terminate()
 
 

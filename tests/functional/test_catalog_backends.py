@@ -716,3 +716,25 @@ async def test_postgres_fixture_runs_a_real_server(postgres_url: str) -> None:
         assert await conn.fetchval("SELECT 6 * 7") == 42
     finally:
         await conn.close()
+
+
+async def test_a_postgres_catalog_closes_in_seconds_though_a_connection_is_held(
+    postgres_url: str,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pool connection never released (stuck) keeps a graceful close waiting forever;
+    closing gives up after CLOSE_TIMEOUT and cuts the connections, with a warning."""
+    from lota.catalog import postgres
+
+    monkeypatch.setattr(postgres, "CLOSE_TIMEOUT", 0.5)
+    catalog = await open_catalog(postgres_url, clock=clock, node="n")
+    assert isinstance(catalog, postgres.PostgresCatalog)
+    held = await catalog._pool.acquire()
+    started = time.monotonic()
+    await catalog.close()
+    assert time.monotonic() - started < 5
+    assert "closing: timed out" in caplog.text
+    with pytest.raises(asyncpg.InterfaceError):  # cut
+        await held.fetchval("SELECT 1")
