@@ -16,8 +16,9 @@ real client is refused. Here:
   Refusing to accept instead would queue a real client behind every idle socket.
 
 The cap defaults to what the descriptor limit leaves after LOTA's own needs (origin, peer
-and sibling sockets, open chunk files, the catalog), and at least a quarter of it; open
-chunk files take up to 70% (:func:`chunk_descriptors`). :func:`raise_descriptor_limit`
+and sibling sockets, open chunk files, the catalog), and at least 1,024 (a quarter of a
+limit under 4,096: :func:`client_room`); open chunk files take the rest, up to 95%
+(:func:`chunk_descriptors`). :func:`raise_descriptor_limit`
 lifts the soft limit to the hard one at start.
 
 :class:`HeadClock` holds the timing rules (no I/O); :class:`GuardedRequestHandler` applies
@@ -61,7 +62,12 @@ BASE_RESERVE = 128
 # Sockets to and from each sibling worker: a session's pool each way (aiohttp's 100), and
 # the descriptor sockets.
 SIBLING_SOCKETS = 2 * 100 + 2
-# Never leave client connections less than this share of the descriptor limit.
+# Client connections keep at least this many descriptors, or this share of a limit too low
+# for that: the rest, besides LOTA's own, is for chunk files (a hot set of 20,000 small
+# objects under a 20,000 limit with two workers: a quarter kept for connections left each
+# worker 7,000 descriptors of its chunks and 7,000 of its sibling's, and it reopened a file
+# for three hits in ten; with 1,024 for connections, one in ten).
+CLIENT_ROOM = 1024
 MIN_SHARE = 0.25
 _WARN_EVERY = 60.0  # seconds between warnings that the cap is reached
 
@@ -107,12 +113,12 @@ def own_descriptors(config: Config) -> int:
 def chunk_descriptors(config: Config) -> int:
     """Chunk descriptors a worker keeps open per worker's chunks
     (:func:`lota.cache.store.open_chunk_limit`), in the room client connections leave (at
-    least :data:`MIN_SHARE` of the limit, or ``max_connections`` when set) besides LOTA's
+    least :func:`client_room`, or ``max_connections`` when set) besides LOTA's
     own (:func:`own_descriptors`). Call after :func:`raise_descriptor_limit`."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft < 0:
         return open_chunk_limit(config.worker_count)
-    clients = config.max_connections or int(soft * MIN_SHARE)
+    clients = config.max_connections or client_room(soft)
     return open_chunk_limit(config.worker_count, soft - clients - own_descriptors(config))
 
 
@@ -132,12 +138,18 @@ def raise_descriptor_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
+def client_room(descriptor_limit: int) -> int:
+    """The descriptors client connections keep at least: :data:`CLIENT_ROOM`, or a quarter
+    of a limit too low for that."""
+    return min(CLIENT_ROOM, int(descriptor_limit * MIN_SHARE))
+
+
 def connection_cap(descriptor_limit: int, reserve: int) -> int:
     """Client connections allowed at once: the descriptor limit less `reserve`, but at least
-    a quarter of it (with a very low limit, idle sockets must not take everything either)."""
+    :func:`client_room` (with a very low limit, idle sockets must not take everything either)."""
     if descriptor_limit == resource.RLIM_INFINITY or descriptor_limit < 0:
         descriptor_limit = 1 << 20
-    return max(1, int(descriptor_limit * MIN_SHARE), descriptor_limit - reserve)
+    return max(1, client_room(descriptor_limit), descriptor_limit - reserve)
 
 
 class HeadClock:

@@ -43,8 +43,9 @@ from lota.workers.fds import FdClient
 
 log = logging.getLogger("lota.workers")
 
-# The bytes of the chunks the descriptors kept of one sibling pin, at most.
-KEPT_BYTES = 512 * 1024 * 1024
+# The bytes of the chunks the descriptors kept of one sibling pin, at most: 16,384 small
+# chunks (64 KiB), more than a worker keeps of one sibling's under a limit of 20,000.
+KEPT_BYTES = 1024 * 1024 * 1024
 # Paths of a sibling's chunks remembered, per descriptor kept.
 PATHS_PER_DESCRIPTOR = 4
 # Opened chunks of one sibling read between two news of them, at most (the reads of more

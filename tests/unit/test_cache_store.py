@@ -1093,20 +1093,20 @@ async def test_an_answer_older_than_an_invalidation_is_admitted_for_revalidation
     ("soft", "workers", "room", "kept"),
     [
         (256, 1, None, 512),
-        (1024, 1, None, 716),
-        (20_000, 1, None, 14_000),
-        (20_000, 2, None, 7_000),
+        (1024, 1, None, 972),
+        (20_000, 1, None, 19_000),
+        (20_000, 2, None, 9_500),
         (20_000, 2, 10_000, 5_000),
-        (20_000, 64, None, 218),
+        (20_000, 64, None, 296),
         (1 << 18, 1, None, 131_072),
-        (1 << 20, 8, None, 91_750),
+        (1 << 20, 8, None, 124_518),
         (resource.RLIM_INFINITY, 2, None, 131_072),
     ],
 )
 def test_chunk_descriptors_kept_open_follow_the_descriptor_limit(
     monkeypatch: pytest.MonkeyPatch, soft: int, workers: int, room: int | None, kept: int
 ) -> None:
-    """70% of the process's descriptors (or the room left if less), shared equally by the
+    """95% of the process's descriptors (or the room left if less), shared equally by the
     node's workers' chunks (its own, each sibling's), 512 in all at least and 131,072 a
     share at most: a hot set of 20,000 small objects stays mostly open under a 20,000
     limit with two workers instead of reopening a file per hit, and one of 100,000 under

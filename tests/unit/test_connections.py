@@ -152,9 +152,11 @@ async def test_the_server_always_finds_the_connection_waiting_longest() -> None:
     assert len(server._heap) <= 2 * len(server._waiting) + 65
 
 
-def test_the_cap_leaves_the_reserve_but_at_least_a_quarter_of_the_descriptors() -> None:
+def test_the_cap_leaves_the_reserve_but_at_least_1024_or_a_quarter_of_a_low_limit() -> None:
     assert connection_cap(1_048_576, reserve=1152) == 1_048_576 - 1152
     assert connection_cap(65536, reserve=1152) == 65536 - 1152
+    assert connection_cap(20_000, reserve=19_500) == 1024
+    assert connection_cap(4096, reserve=4000) == 1024
     assert connection_cap(1024, reserve=1152) == 256
     assert connection_cap(resource.RLIM_INFINITY, reserve=1152) == (1 << 20) - 1152
 
@@ -167,8 +169,8 @@ def test_chunk_files_and_connections_share_the_descriptor_limit_without_overcomm
     monkeypatch: pytest.MonkeyPatch, soft: int, workers: int, cluster: bool, by_hand: bool
 ) -> None:
     """Every descriptor a worker may hold fits under its limit: chunk files kept open
-    (its own and each sibling's), client connections (at least a quarter, or
-    `max_connections` set by hand), origin, peer and sibling sockets and LOTA's own files;
+    (its own and each sibling's), client connections (at least 1,024 or a quarter of a
+    low limit, or `max_connections` set by hand), origin, peer and sibling sockets and LOTA's own files;
     where the limit allows, most of it holds chunk files (a node serves tens of thousands
     of objects to hundreds of connections)."""
     monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, soft))
@@ -191,6 +193,6 @@ def test_chunk_files_and_connections_share_the_descriptor_limit_without_overcomm
     # Only where LOTA's own sockets leave no room for 512 chunk files does it take more
     # (and say so at start).
     assert (cap + own + chunk_files <= soft) == (own + cap + 512 <= soft)
-    assert cap == (soft // 2 if by_hand else max(soft // 4, soft - own - chunk_files))
+    assert cap == (soft // 2 if by_hand else max(min(1024, soft // 4), soft - own - chunk_files))
     if soft >= 20_000 and not by_hand:
-        assert chunk_files >= min(soft // 2, 131_072 * workers)
+        assert chunk_files >= min(soft * 3 // 4, 131_072 * workers)

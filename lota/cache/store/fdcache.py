@@ -14,7 +14,7 @@ MAX_OPEN_CHUNKS = 131_072
 # its siblings handed over), at most. A node serves tens of thousands of objects to
 # hundreds of connections: the rest is for client connections, origin, peer and sibling
 # sockets and LOTA's own files (lota.connections.chunk_descriptors leaves them room).
-CHUNK_SHARE = 0.7
+CHUNK_SHARE = 0.95
 # Of the descriptors opened again into a full cache (a hot set larger than the descriptors
 # kept), one in KEEP_EVERY is kept as the most recently read and the others as the next
 # to close. Read in a loop (an epoch), least-recently-used order closed each one before its
