@@ -51,7 +51,7 @@ BUCKET = "bench-hitpath"
 
 # Each part, as it is left out: what replaces it while the answers are timed again.
 PARTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
-    "admission count": lambda: mock.patch.object(admission.Admission, "hit", _nothing),
+    "admission count": lambda: mock.patch.object(admission.Admission, "hit_each", _nothing),
     "page-cache check": lambda: mock.patch.object(reader, "resident", _always),
     "accounting": lambda: mock.patch.object(AtOnce, "_send", _head_and_body),
 }

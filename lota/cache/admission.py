@@ -48,7 +48,7 @@ peers) and the chunks of other nodes it relays; it keeps only what its store is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from lota.cache.eviction import S3FIFO
@@ -153,29 +153,41 @@ class Admission(Generic[K]):
 
     def hit(self, key: K, size: int) -> None:
         """A cached chunk of `size` bytes was read."""
-        # Its count is raised later, by all of its reads since at once (_held_reads):
-        # finding its sketch counters from its fingerprint cost a fifth of the answer to a
-        # small hit (python -m bench.hitpath).
-        held = self._held_reads
-        held[key] = held.get(key, 0) + 1
-        sketch = self._sketch
-        sketch.reads += 1  # _count_read(), written out: this runs on every hit
-        if sketch.reads >= sketch.period or len(held) > _DRAIN * (sketch.period - sketch.reads):
-            self._raise_some()
-        clock = self._clock = self._clock + size
-        last = self._read_at.get(key)
-        self._read_at[key] = clock
-        if last is None:
-            return
-        # Learn the interval since its last read (written out: this runs on every hit). A
-        # chunk read n times as often gives n times as many, each 1/n as long: weighting
-        # each by its length makes every cached chunk weigh the same.
-        d = float(clock - last)
-        if self._intervals is None:
-            self._intervals = (d, d * d)
-            return
-        mean, square = self._intervals
-        self._intervals = (mean + (d - mean) / 256, square + (d * d - square) / 256)
+        self.hit_each((key,), (size,))
+
+    def hit_each(self, keys: Sequence[K], sizes: Sequence[int]) -> None:
+        """Cached chunks were read, in turn: each of `keys`, of the size at the same place
+        in `sizes`; as many :meth:`hit` calls in a row. Written out as one loop: this runs
+        for every hit."""
+        held, sketch, read_at = self._held_reads, self._sketch, self._read_at
+        period, clock = sketch.period, self._clock
+        learnt = self._intervals is not None
+        mean, square = self._intervals or (0.0, 0.0)
+        for key, size in zip(keys, sizes, strict=True):
+            # Its count is raised later, by all of its reads since at once (_held_reads):
+            # finding its sketch counters from its fingerprint cost a fifth of the answer to
+            # a small hit (python -m bench.hitpath).
+            held[key] = held.get(key, 0) + 1
+            reads = sketch.reads = sketch.reads + 1  # _count_read(), written out
+            if reads >= period or len(held) > _DRAIN * (period - reads):
+                self._raise_some()
+            clock += size
+            last = read_at.get(key)
+            read_at[key] = clock
+            if last is None:
+                continue
+            # Learn the interval since its last read. A chunk read n times as often gives n
+            # times as many, each 1/n as long: weighting each by its length makes every
+            # cached chunk weigh the same.
+            d = float(clock - last)
+            if learnt:
+                mean += (d - mean) / 256
+                square += (d * d - square) / 256
+            else:
+                mean, square, learnt = d, d * d, True
+        self._clock = clock
+        if learnt:
+            self._intervals = (mean, square)
 
     def hits(self, key: K, size: int, times: int) -> None:
         """`times` reads of cached chunk `key` heard of at once (a sibling worker served

@@ -33,7 +33,7 @@ busy key (a chunk being read) is treated as if it had just been accessed.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, Literal, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -131,6 +131,14 @@ class S3FIFO(Generic[K]):
         freq = self._freq.get(key)
         if freq is not None and freq < MAX_FREQ:
             self._freq[key] = min(freq + times, MAX_FREQ)
+
+    def access_each(self, keys: Iterable[K]) -> None:
+        """:meth:`access` of each of `keys` in turn, once."""
+        freqs = self._freq
+        for key in keys:
+            freq = freqs.get(key)
+            if freq is not None and freq < MAX_FREQ:
+                freqs[key] = freq + 1
 
     def remove(self, key: K) -> None:
         """Forget `key` without remembering it in the ghost (invalidation, corruption)."""

@@ -3,6 +3,8 @@ simulations of the store's decisions (lota.testing.cachesim) under epochs and Zi
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from lota.cache.admission import Admission, FrequencySketch
@@ -72,6 +74,37 @@ def test_a_hit_is_counted_before_its_chunk_is_a_victim_removed_or_the_period_end
     assert rule._sketch.count(2) == 0  # held
     rule.hit(2, 1)
     assert rule._sketch.count(2) == 15 // 2  # counted up to 15, then halved
+
+
+def test_hits_told_together_count_as_the_same_hits_told_one_by_one() -> None:
+    """A store tells its hits a few at a time (hit_each): across periods' ends, halvings
+    and the raising of held reads, the counts, the clock and the re-read intervals come
+    out as if each hit had been told alone."""
+    rng = random.Random(3)
+    reads = [(rng.randrange(600), rng.choice((1, 7, 64))) for _ in range(3 * 4 * 1024 + 500)]
+    rules = []
+    for grouped in (False, True):
+        queues: S3FIFO[int] = S3FIFO()
+        rule = Admission(queues, int, entries=8)  # a period of 4 x 1,024 reads
+        for chunk in range(600):
+            queues.insert(chunk, 1)
+            rule.added(chunk)
+        at = 0
+        while at < len(reads):
+            group = reads[at : at + (rng.randrange(1, 80) if grouped else 1)]
+            if grouped:
+                rule.hit_each([key for key, _ in group], [size for _, size in group])
+            else:
+                rule.hit(*group[0])
+            at += len(group)
+        for chunk in range(600):
+            rule.removed(chunk)  # its held reads raised
+        rules.append(rule)
+    alone, together = rules
+    assert alone._sketch._table == together._sketch._table
+    assert alone._sketch.reads == together._sketch.reads > 0
+    assert alone._clock == together._clock == sum(size for _, size in reads)
+    assert alone._intervals == together._intervals is not None
 
 
 def test_near_a_periods_end_held_reads_are_raised_a_few_per_read_and_few_wait_for_its_end() -> None:

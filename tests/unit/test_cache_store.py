@@ -208,8 +208,13 @@ async def test_a_chunk_is_counted_under_its_id_on_every_path(make_store: MakeSto
     store = await make_store()
     obj = await store.admit(meta())
     await fill_all(store, obj)
-    for index in range(4):
-        assert fingerprint(obj.chunks[index]) == chunk_id(obj, index)
+    before = [fingerprint(obj.chunks[index]) for index in range(4)]
+    assert before == [chunk_id(obj, index) for index in range(4)]
+    # Adopted under another name (a write come home), its chunks are counted under it.
+    assert store.adopt(obj, meta(key="home")) is obj
+    after = [fingerprint(obj.chunks[index]) for index in range(4)]
+    assert after == [chunk_id(obj, index) for index in range(4)]
+    assert not set(before) & set(after)
 
 
 async def test_reopened_store_serves_the_same_chunks_and_metadata(make_store: MakeStore) -> None:

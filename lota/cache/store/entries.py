@@ -74,6 +74,7 @@ class Chunk:
         "digest",
         "dir",
         "fd",
+        "fingerprint",
         "index",
         "last_access",
         "length",
@@ -99,6 +100,8 @@ class Chunk:
         # descriptor was open then: lota.cache.store.reader.read_or_span); None once they
         # were not.
         self.warm: tuple[int, int] | None = None
+        # Its chunk_id, once asked (fingerprint()); None again once its object is renamed.
+        self.fingerprint: int | None = None
 
 
 def chunk_id(obj: CachedObject, index: int) -> int:
@@ -111,9 +114,13 @@ def chunk_id(obj: CachedObject, index: int) -> int:
 
 
 def fingerprint(chunk: Chunk) -> int:
-    """:func:`chunk_id` of `chunk`, written out: this runs on every hit."""
-    m = chunk.obj.meta
-    return hash((m.bucket, m.key, m.etag, chunk.index))
+    """:func:`chunk_id` of `chunk`, worked out once: the admission rule asks it of every
+    chunk it counts, long after the chunk's object was last looked at."""
+    known = chunk.fingerprint
+    if known is None:
+        m = chunk.obj.meta
+        known = chunk.fingerprint = hash((m.bucket, m.key, m.etag, chunk.index))
+    return known
 
 
 def object_row(obj: CachedObject) -> ObjectRow:
