@@ -58,7 +58,7 @@ from lota.auth.sigv4 import RequestView
 from lota.cache.reads import HitPlan
 from lota.logs import AccessLog
 from lota.lru import SizedLru
-from lota.metrics import Metrics
+from lota.metrics import LaterCount, Metrics
 from lota.node.features import CacheFeature, CatalogFeature
 from lota.node.listener import Answers, Later, Reply, Response
 from lota.node.node import Drain
@@ -91,6 +91,10 @@ class Remembered:
     principal: str
     path: str
     """The request's target, as the access log names it."""
+    size: int
+    """The body's length."""
+    counted: LaterCount
+    """The count of requests answered with its status."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,8 @@ class AtOnce(Answers):
         self._pending = catalog.pending if catalog.on else None
         self._access = catalog.access if catalog.on else None
         self._off = not cache.on or (catalog.on and catalog.pending is None)
+        # Nothing is answered from its bytes alone with a catalog: each read asks it first.
+        self._off_again = self._off or self._pending is not None
         self._remembered: SizedLru[RequestKey, Remembered] = SizedLru(max_chars)
         self._second = -1
         self._tail = b""
@@ -262,7 +268,7 @@ class AtOnce(Answers):
         here before and still holds (see the module): the response to write, counted and
         logged; None to parse it and answer it the usual way. `span` as for
         :meth:`answer`. Never raises."""
-        if self._off or self._pending is not None or self._drain.draining:
+        if self._off_again or self._drain.draining:
             return None
         started = time.perf_counter()
         # As _recall, with the plan's freshness checked by the hit itself (this runs for
@@ -368,7 +374,8 @@ class AtOnce(Answers):
         head = _response_head(plan)
         if head is None:
             return None
-        known = Remembered(valid, plan, head, principal, path)
+        size = plan.last - plan.first + 1
+        known = Remembered(valid, plan, head, principal, path, size, self._counts[plan.status])
         if isinstance(key, bytes):
             self._remembered.put(key, known, len(key) + len(head) + len(path))
         elif key is not None:
@@ -392,22 +399,21 @@ class AtOnce(Answers):
         if second != self._second:  # the Date header changes once a second at most
             self._second = second
             self._tail = f"Date: {http_date()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n".encode()
-        plan = known.plan
-        size = plan.last - plan.first + 1
+        size = known.size
         elapsed = time.perf_counter() - started
         self._bytes_out.n += size
-        self._counts[plan.status].n += 1
+        known.counted.n += 1
         self._cached.n += 1
         self._seconds.observe(elapsed)
         if self._access is not None:  # a read served (200 or 206), for tiering
-            meta = plan.obj.meta
+            meta = known.plan.obj.meta
             self._access.record(meta.bucket, meta.key)
         if self._access_log.enabled():
             self._access_log.write(
                 remote,
                 "GET",
                 known.path,
-                plan.status,
+                known.plan.status,
                 Op.GET_OBJECT,
                 elapsed,
                 next_request_id(),

@@ -246,9 +246,12 @@ class S3RequestHandler(GuardedRequestHandler):
         if span:
             assert self._socket is not None
             sent = zerocopy.send(self._socket, head, body)
-        if sent < len(head):
+        skip = sent - len(head)
+        if skip == body.count:  # all of it went out: every span but a few
+            return True
+        if skip < 0:
             transport.write(head[sent:])
-        skip = max(0, sent - len(head))
+            skip = 0
         if skip < body.count:
             rest = body.read(skip)
             if rest is None:
