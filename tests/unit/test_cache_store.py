@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import os
 import random
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,9 @@ from typing import Any
 import pytest
 
 from lota import zerocopy
+from lota.cache import layout
 from lota.cache.files import LOCK_NAME, ChunkFiles
+from lota.cache.index import Index
 from lota.cache.layout import (
     blocks,
     chunk_count,
@@ -40,6 +44,9 @@ from lota.cache.store import (
 )
 from lota.cache.store import (
     reader as chunk_reader,
+)
+from lota.cache.store import (
+    table as chunk_table,
 )
 from lota.cache.store.entries import chunk_id, fingerprint
 from lota.cache.store.reader import WARM_FOR
@@ -789,6 +796,97 @@ async def test_reads_a_sibling_tells_of_count_as_hits_and_a_hand_over_is_not_one
     assert all(store.has_chunk(told, i) for i in range(8))
     assert not any(store.has_chunk(handed, i) for i in range(8))
     assert store.stats()["hits"] == 0
+
+
+async def test_hits_applied_in_groups_decide_as_hits_told_one_by_one(
+    make_store: MakeStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hits reach the eviction policy and the admission rule a group at a time
+    (``HITS_HELD``), each group before anything else asks or tells either: a store doing
+    so keeps, evicts and declines exactly the chunks a store telling each hit as it comes
+    does, and its policy and rule learn the same, through fills (asked for or not),
+    misses counted, reads a sibling tells of and invalidations."""
+    # What else moves the store's decisions run to run is taken out: the index file's
+    # size (SQLite's page use) and the directories its random file stems make.
+    monkeypatch.setattr(Index, "bytes", property(lambda _: 0, lambda _, __: None), raising=False)
+    group = chunk_table.HITS_HELD
+    assert group > 1
+
+    async def run(held: int, where: Path) -> tuple[Any, ...]:
+        stems = itertools.count()
+        made = types.SimpleNamespace(
+            token_bytes=lambda n: next(stems).to_bytes(n, "big"),
+            token_hex=lambda n: next(stems).to_bytes(n, "big").hex(),
+        )
+        monkeypatch.setattr(layout, "secrets", made)
+        monkeypatch.setattr(chunk_table, "HITS_HELD", held)
+        store = await make_store(dirs=[where], size=24 * CS)
+        rng = random.Random(7)
+        objs: dict[str, CachedObject] = {}
+        for _ in range(1500):
+            roll = rng.random()
+            if objs and roll < 0.72:  # reads of chunks of objects known, a few in a row
+                for _ in range(rng.randint(1, 40)):
+                    obj = rng.choice(list(objs.values()))
+                    index = rng.randrange(obj.chunk_count(CS))
+                    if roll < 0.7 and await read(store, obj, index) is not None:
+                        continue  # a hit
+                    if roll >= 0.7 and store.has_chunk(obj, index):
+                        store.told_reads(obj, index, rng.randint(1, 3))  # a sibling's hits
+                        continue
+                    if rng.random() < 0.2:  # relayed from another node, not kept here
+                        store.count_read(obj, index)
+                        continue
+                    # A miss, as the cache's service has it; or a fill no read asked for
+                    # (a warm-up's, a read-ahead's), which the admission rule is not asked.
+                    asked = rng.random() < 0.8
+                    if asked and not store.keeps(obj, index):
+                        store.count_read(obj, index)
+                        continue
+                    writer = await store.begin_chunk(obj, index)
+                    if writer is not None:
+                        await writer.write(content(obj.meta, index))
+                        await writer.commit()
+                    if asked:
+                        store.count_read(obj, index)
+            elif objs and roll < 0.74:
+                key = rng.choice(list(objs))
+                await store.invalidate("b", key)
+                del objs[key]
+            else:
+                key = f"k{rng.randrange(30)}"
+                objs[key] = await store.admit(meta(key=key, size=rng.randint(1, 4) * CS))
+            await store.flush()  # deletions done: the same budget at each step
+        cached = sorted(
+            (key, index)
+            for key, obj in objs.items()
+            for index in range(obj.chunk_count(CS))
+            if store.has_chunk(obj, index)
+        )
+        # Hits with nothing between them: fewer than HITS_HELD held at any time.
+        obj, index = objs[cached[0][0]], cached[0][1]
+        for _ in range(3 * group):
+            assert await read(store, obj, index) is not None
+            assert len(store._table._hits) < held
+        # What the two have learnt, every hit held now applied (asking applies them).
+        store.keeps(obj, index)
+        table = store._table
+        admission, policy = table._admission, table._policy
+        names = {chunk: (chunk.obj.meta.key, chunk.index) for chunk in policy._freq}
+        learnt = (
+            admission._sketch._table,
+            admission._clock,
+            admission._intervals,
+            sorted((names[c], at) for c, at in admission._read_at.items() if c in names),
+            sorted((names[c], f) for c, f in policy._freq.items()),
+        )
+        return cached, store.stats(), learnt
+
+    one_by_one = await run(1, tmp_path / "one")
+    in_groups = await run(group, tmp_path / "groups")
+    assert one_by_one == in_groups
+    stats = in_groups[1]
+    assert stats["hits"] > 5000 and stats["evictions"] > 500 and stats["declined_fills"] > 1000
 
 
 async def test_pinned_prefix_is_never_evicted(make_store: MakeStore) -> None:
